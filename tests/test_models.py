@@ -1,0 +1,174 @@
+"""The ViT variants: the linear ODE against the matrix exponential, training on a fixed batch,
+weight sharing, position-embedding resampling, and every bad input of SPEC section 6 they touch."""
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+import lipcheck
+from lipcheck import IntegrationError, ViT, vit_from_preset
+from lipcheck.models.ode import integrate
+
+D = torch.float64
+SMALL = dict(img_size=16, patch_size=4, dim=12, depth=2, num_heads=3, num_classes=5, num_components=2)
+
+
+def linear_field_matrix(layer, H, W):
+    """T = sum_h kron(K_h, P_h^T) acting on the row-major vec of X (N, C)."""
+    K = layer.operator_matrix(H, W).detach()
+    P = layer.head_projections().detach()
+    return sum(torch.kron(K[h].contiguous(), P[h].T.contiguous()) for h in range(layer.num_heads)).numpy()
+
+
+@pytest.mark.parametrize("method,opts", [("dopri5", {}), ("dopri8", {}), ("rk4", {"step_size": 0.01})])
+def test_linear_ode_matches_expm(method, opts):
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=D, use_norm=False, use_mlp=False, t1=1.0, **{**SMALL, "img_size": 12})
+    layer = model.vector_field.block.mixer.freeze_kernels()
+    with torch.no_grad():  # O(1) weights so the flow moves the state visibly
+        for p in (layer.v_proj.weight, layer.o_proj.weight):
+            p.normal_(std=0.3)
+        layer.o_proj.bias.normal_()
+    x0 = model.embed(torch.randn(1, 3, 12, 12, dtype=D)).detach()
+    _, H, W, C = x0.shape
+    T = linear_field_matrix(layer, H, W)
+    b = np.tile(layer.o_proj.bias.detach().numpy(), H * W)
+    n = T.shape[0]
+    A = np.zeros((n + 1, n + 1))  # x' = T x + b as a homogeneous linear system
+    A[:n, :n], A[:n, n] = T, b
+    t = torch.tensor([0.0, 0.5, 1.0], dtype=D)
+    if method != "rk4":  # land steps on the output times: torchdiffeq's dopri8 dense output is only 4th order
+        opts = {**opts, "step_t": t}
+    sol = integrate(model.vector_field, x0, t, method=method, rtol=1e-12, atol=1e-12, options=opts)
+    for k, tk in enumerate(t.tolist()):
+        exact = (scipy.linalg.expm(A * tk) @ np.append(x0.numpy().ravel(), 1.0))[:n]
+        err = np.abs(sol[k].detach().numpy().ravel() - exact).max()
+        assert err < 1e-9 * max(1.0, np.abs(exact).max()), (k, err)
+    assert np.abs(exact - x0.numpy().ravel()).max() > 0.1  # the flow actually moved
+
+
+@pytest.mark.parametrize("variant", ["discrete", "looped", "ode"])
+@pytest.mark.parametrize("mixer", ["ssog", "attention"])
+def test_every_variant_and_mixer_trains(variant, mixer):
+    torch.manual_seed(1)
+    model = ViT(variant, mixer, **SMALL, method="rk4", options={"step_size": 0.5})
+    images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(100):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert min(losses[-5:]) <= 0.5 * losses[0], (losses[0], losses[-5:])
+
+
+def test_looped_shares_one_block_and_discrete_has_depth_blocks():
+    torch.manual_seed(0)
+    looped = ViT("looped", "ssog", **SMALL, dtype=D)
+    discrete = ViT("discrete", "ssog", **SMALL, dtype=D)
+    assert len(looped.blocks) == 1 and len(discrete.blocks) == SMALL["depth"]
+    x = looped.embed(torch.randn(2, 3, 16, 16, dtype=D))
+    y = x
+    for _ in range(SMALL["depth"]):
+        y = looped.blocks[0](y)
+    assert torch.equal(looped.forward_features(x), y)
+
+
+def test_ode_variant_counts_nfe_and_converges_to_tight_solution():
+    torch.manual_seed(0)
+    model = vit_from_preset("tiny", "ode", "ssog", dtype=D)
+    assert model.t1 == 1.0 and model.img_size == 32
+    x0 = model.embed(torch.randn(2, 3, 32, 32, dtype=D)).detach()
+    t = torch.tensor([0.0, model.t1], dtype=D)
+    ref = integrate(model.vector_field, x0, t, method="dopri8", rtol=1e-12, atol=1e-12)[-1]
+    model.flow.rtol = model.flow.atol = 1e-6
+    out = model.flow(x0)
+    assert model.flow.last_nfe > 6 and model.flow.last_nfe % 6 == 2  # dopri5: 2 initial + 6 per step
+    assert (out - ref).norm() / ref.norm() < 1e-5
+
+
+def test_position_embedding_resamples_to_other_resolutions():
+    model = ViT("discrete", "ssog", **SMALL)
+    assert model(torch.randn(1, 3, 24, 20)).shape == (1, 5)
+    assert torch.equal(model.patch_embed.resampled_pos(4, 4), model.patch_embed.pos)
+
+
+# --- bad input (SPEC section 6) ---------------------------------------------------------------
+
+def test_image_size_not_multiple_of_patch():
+    with pytest.raises(ValueError, match="multiple of the patch"):
+        ViT("discrete", "ssog", **SMALL)(torch.randn(1, 3, 18, 16))
+    with pytest.raises(ValueError, match="img_size"):
+        ViT("discrete", "ssog", **{**SMALL, "img_size": 18})
+
+
+def test_grid_channel_mismatch():
+    with pytest.raises(ValueError, match="C=12"):
+        lipcheck.SSoG(12, 3)(torch.randn(1, 4, 4, 10))
+    with pytest.raises(ValueError, match="C=12"):
+        lipcheck.DenseAttention(12, 3)(torch.randn(1, 4, 4, 10))
+    with pytest.raises(ValueError, match="in_chans"):
+        ViT("discrete", "ssog", **SMALL)(torch.randn(1, 1, 16, 16))
+
+
+def test_dim_not_divisible_by_heads():
+    for make in (lambda: lipcheck.SSoG(10, 3), lambda: lipcheck.DenseAttention(10, 3),
+                 lambda: ViT("discrete", "ssog", **{**SMALL, "num_heads": 5})):
+        with pytest.raises(ValueError, match="divisible by num_heads"):
+            make()
+
+
+def test_non_positive_sigma():
+    layer = lipcheck.SSoG(6, 2, 2)
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        layer.set_gaussian_params(sigma=-torch.ones(2, 2, 2))
+    with pytest.raises(ValueError, match="shape"):
+        layer.set_gaussian_params(alpha=torch.ones(3))
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="variant"):
+        ViT("recurrent", "ssog", **SMALL)
+    with pytest.raises(ValueError, match="mixer"):
+        ViT("discrete", "mamba", **SMALL)
+    with pytest.raises(ValueError, match="preset"):
+        vit_from_preset("xl")
+    with pytest.raises(ValueError, match="solver method"):
+        ViT("ode", "ssog", **SMALL, method="dopri7")
+    with pytest.raises(TypeError, match="valid options"):
+        ViT("discrete", "ssog", widht=3)
+
+
+@pytest.mark.parametrize("tol", [0.0, -1e-6, float("nan")])
+def test_non_positive_tolerance(tol):
+    model = ViT("ode", "ssog", **SMALL, dtype=D)
+    x0 = torch.zeros(1, 4, 4, 12, dtype=D)
+    with pytest.raises(ValueError, match="rtol"):
+        integrate(model.vector_field, x0, torch.tensor([0.0, 1.0], dtype=D), rtol=tol)
+
+
+def test_non_finite_initial_state():
+    model = ViT("ode", "ssog", **SMALL, dtype=D)
+    x0 = torch.zeros(1, 4, 4, 12, dtype=D)
+    x0[0, 1, 1, 1] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        integrate(model.vector_field, x0, torch.tensor([0.0, 1.0], dtype=D))
+
+
+def test_solver_failures_raise_integration_error():
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", **SMALL, dtype=D)
+    x0 = model.embed(torch.randn(1, 3, 16, 16, dtype=D)).detach()
+    t = torch.tensor([0.0, 1.0], dtype=D)
+    with pytest.raises(IntegrationError, match="too many steps") as e:
+        integrate(model.vector_field, x0, t, rtol=1e-12, atol=1e-12, options={"max_num_steps": 3})
+    assert e.value.nfe > 0 and e.value.state_norm > 0 and 0 <= e.value.t <= 1
+    # a field that blows up in finite time: x' = x^2 (elementwise) reaches inf before t = 1
+    block = model.vector_field.block
+    block.vector_field = lambda x: x * x
+    with pytest.raises(IntegrationError) as e:
+        integrate(model.vector_field, torch.full_like(x0, 4.0), t, rtol=1e-6, atol=1e-6)
+    assert "underflow" in str(e.value) or "non-finite" in str(e.value)
+    assert e.value.t < 1.0
