@@ -172,3 +172,15 @@ def test_solver_failures_raise_integration_error():
         integrate(model.vector_field, torch.full_like(x0, 4.0), t, rtol=1e-6, atol=1e-6)
     assert "underflow" in str(e.value) or "non-finite" in str(e.value)
     assert e.value.t < 1.0
+
+
+def test_adjoint_gradients_match_backprop_through_the_solver():
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 16, 16, dtype=D)
+    grads = []
+    for adjoint in (False, True):
+        torch.manual_seed(3)
+        model = ViT("ode", "ssog", **SMALL, dtype=D, rtol=1e-10, atol=1e-10, adjoint=adjoint)
+        model(images).square().sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-8)
