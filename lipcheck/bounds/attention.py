@@ -138,3 +138,41 @@ def _check_args(token_radius, num_tokens):
     if not (isinstance(num_tokens, int) and num_tokens >= 1):
         raise ValueError(f"num_tokens must be a positive integer (H * W), got {num_tokens!r}")
     return rho, num_tokens
+
+
+# sup_x |GELU'(x)| = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) ~ 1.12890 (GELU'' = phi(x)(2 - x^2) vanishes at +-sqrt 2;
+# the minimum, at -sqrt 2, is ~ -0.129, smaller in modulus)
+GELU_PRIME_SUP = 0.5 * (1 + math.erf(1.0)) + math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)
+
+
+def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, device=None) -> dict:
+    """Certified upper bounds for a pre-norm attention Block (lipcheck.models.vit.Block, mixer "attention").
+
+    mixer_branch: Lip(x -> Attn(LN1 x)) <= Lip(Attn | D_rho1) Lip(LN1), rho1 = `layernorm_image_radius(LN1)`
+    (LN1 maps every token into the ball of radius rho1, so Attn only ever sees D_rho1);
+    mlp_branch: Lip(MLP) Lip(LN2) with Lip(MLP) <= ||W1|| sup|GELU'| ||W2||;
+    vector_field: Lip(F) <= mixer_branch + mlp_branch for F(x) = Attn(LN1 x) + MLP(LN2 x) (SPEC S3);
+    block_update: the discrete update x + F-branches in sequence is bounded by (1 + mixer)(1 + mlp).
+    Every factor is global, so these hold for all inputs; Lip(LN) <= max|gamma| / sqrt(eps) is what makes
+    them large (it is attained at tokens of zero variance)."""
+    if not isinstance(block.mixer, DenseAttention):
+        raise TypeError(f"block.mixer must be a DenseAttention, got {type(block.mixer).__name__}")
+    if not isinstance(block.norm1, torch.nn.LayerNorm):
+        raise ValueError("block has no LayerNorm before its mixer (use_norm=False): attention is then not globally "
+                         "Lipschitz and no finite bound exists")
+    rho1 = layernorm_image_radius(block.norm1)
+    ln1 = layernorm_lipschitz(block.norm1)
+    attn = attention_lipschitz_on_ball(block.mixer, rho1, num_tokens, dtype=dtype, device=device)
+    out = {"token_radius": rho1, "lip_ln1": ln1, "attention_on_ln_image": attn, "mixer_branch": attn * ln1}
+    mlp_branch = 0.0
+    if block.mlp is not None:
+        W1 = block.mlp.fc1.weight.detach().to(dtype)
+        W2 = block.mlp.fc2.weight.detach().to(dtype)
+        lip_mlp = float(torch.linalg.matrix_norm(W1, 2)) * GELU_PRIME_SUP * float(torch.linalg.matrix_norm(W2, 2))
+        ln2 = layernorm_lipschitz(block.norm2) if isinstance(block.norm2, torch.nn.LayerNorm) else 1.0
+        mlp_branch = lip_mlp * ln2
+        out.update(lip_mlp=lip_mlp, lip_ln2=ln2)
+    out["mlp_branch"] = mlp_branch
+    out["vector_field"] = out["mixer_branch"] + mlp_branch
+    out["block_update"] = (1 + out["mixer_branch"]) * (1 + mlp_branch)
+    return out
