@@ -71,22 +71,23 @@ def _toeplitz(n: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
 
 
 def _mix_stacked(v, alpha, mu, sigma):
-    """Dense axis factors as two batched GEMMs per head, the M components stacked.
+    """Dense axis factors as two GEMMs per head, the M components stacked; no transposing copies.
 
-    x axis: rows (m, j) of [G_W^1; ...; G_W^M] (M W x W) times v_h (W x B H d);
-    y axis: [alpha_1 G_H^1 | ... | alpha_M G_H^M] (H x M H) times the stacked result (M H x W B d),
-    so the component sum happens inside the GEMM's contraction. Same multiply-adds as "matmul",
-    fewer and larger GEMMs, no per-entry kernel evaluation.
+    x axis: [G_W^1; ...; G_W^M] (M W x W) times every (W x d) slab v[b, k, :, h, :] in place (a
+    strided batch), giving T[b, k, m, j, e]; y axis: [alpha_m G_H^m[i, k]] with columns ordered
+    (k, m) (H x H M) times T viewed as (H M x W d), so the sum over components happens inside the
+    GEMM's contraction. Same multiply-adds as "matmul", fewer and larger GEMMs, one copy (the stack).
     """
     B, H, W, h, d = v.shape
     M = alpha.shape[1]
-    GW = _toeplitz(W, mu[..., 1], sigma[..., 1])  # (h, M, W, W)
-    GH = _toeplitz(H, mu[..., 0], sigma[..., 0]) * alpha[..., None, None]  # (h, M, H, H)
-    vx = v.permute(3, 2, 0, 1, 4).reshape(h, W, B * H * d)  # [h, l, (b, k, e)]
-    t = torch.bmm(GW.reshape(h, M * W, W), vx)  # [h, (m, j), (b, k, e)]
-    t = t.view(h, M, W, B, H, d).permute(0, 1, 4, 2, 3, 5).reshape(h, M * H, W * B * d)  # [h, (m, k), (j, b, e)]
-    out = torch.bmm(GH.transpose(1, 2).reshape(h, H, M * H), t)  # [h, i, (j, b, e)]
-    return out.view(h, H, W, B, d).permute(3, 1, 2, 0, 4)
+    GW = _toeplitz(W, mu[..., 1], sigma[..., 1]).reshape(h, M * W, W)  # rows (m, j)
+    GH = _toeplitz(H, mu[..., 0], sigma[..., 0]) * alpha[..., None, None]  # (h, M, H, H) [m, i, k]
+    GH = GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
+    outs = []
+    for i in range(h):
+        t = torch.matmul(GW[i], v[:, :, :, i, :].reshape(B * H, W, d))  # (B H, M W, d) = [b, k, m, j, e]
+        outs.append(torch.matmul(GH[i], t.view(B, H * M, W * d)).view(B, H, W, d))
+    return torch.stack(outs, 3)
 
 
 def truncation_tol(dtype: torch.dtype) -> float:

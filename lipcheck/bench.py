@@ -1,0 +1,339 @@
+"""Throughput and peak memory of SSoG against dense attention: multiply-add counts and measurement.
+
+Two halves:
+- analytic multiply-add (MAC) counts of the mixers and of whole ViTs (`mixer_macs`, `block_macs`,
+  `model_macs`), with the SSoG axis factors dense (the O(N^1.5) count of SPEC section 1);
+- measurement (`measure`, `run_config`): one configuration per subprocess, so that peak memory is
+  that configuration's alone. A step is one forward (inference) or forward + backward + SGD update
+  (training). After warm-up, every repeat is timed (CUDA events on GPU) and its peak memory taken
+  as what the step adds: on CPU the OS's peak resident size during the step minus the resident
+  size just before it (peak reset through /proc/self/clear_refs, or a sampling thread where that
+  is not writable); on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation
+  before. Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process
+  being killed) comes back as status "oom", not as an exception.
+
+    python -m lipcheck.bench '<json config>'   # the worker; prints one JSON line
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+MIXER_KINDS = ("ssog", "sdpa", "math")  # SSoG, fused attention, explicit attention
+MODES = ("inference", "train")
+RESULT_TAG = "LIPCHECK_BENCH_RESULT "
+
+
+# ---------------------------------------------------------------------------------------------
+# Multiply-add counts.
+
+def mixer_macs(mixer: str, H: int, W: int, dim: int, num_components: int = 4, *, batch: int = 1) -> int:
+    """Multiply-adds of one mixer call on an H x W grid with `dim` channels, projections included.
+
+    attention: q, k, v, o projections 4 N C^2, scores and weighted sum 2 N^2 C;
+    ssog: v, o projections 2 N C^2, dense axis factors C M (H^2 W + H W^2) = C M N (H + W).
+    """
+    N, C = H * W, dim
+    if mixer in ("attention", "sdpa", "math"):
+        return batch * (4 * N * C * C + 2 * N * N * C)
+    if mixer == "ssog":
+        return batch * (2 * N * C * C + C * num_components * N * (H + W))
+    raise ValueError(f"unknown mixer {mixer!r}; choose 'ssog', 'attention', 'sdpa' or 'math'")
+
+
+def block_macs(mixer: str, H: int, W: int, dim: int, *, mlp_ratio: float = 4.0, num_components: int = 4,
+               batch: int = 1) -> int:
+    """One block (or one vector-field evaluation): mixer + MLP 2 N C (r C); norms are O(N C), left out."""
+    N = H * W
+    hidden = int(dim * mlp_ratio)
+    return mixer_macs(mixer, H, W, dim, num_components, batch=batch) + batch * 2 * N * dim * hidden
+
+
+def model_macs(mixer: str, img_size: int, *, dim: int, depth: int = 12, patch_size: int = 16,
+               in_chans: int = 3, num_classes: int = 100, mlp_ratio: float = 4.0, num_components: int = 4,
+               evaluations: int | None = None, batch: int = 1) -> int:
+    """Forward multiply-adds of a ViT: patch embedding + `evaluations` blocks (default depth) + head."""
+    check_resolution(img_size, patch_size)
+    g = img_size // patch_size
+    n_eval = depth if evaluations is None else evaluations
+    embed = g * g * dim * in_chans * patch_size * patch_size
+    return batch * (embed + dim * num_classes) + n_eval * block_macs(
+        mixer, g, g, dim, mlp_ratio=mlp_ratio, num_components=num_components, batch=batch)
+
+
+def check_resolution(img_size: int, patch_size: int = 16) -> None:
+    if not (isinstance(img_size, int) and img_size > 0):
+        raise ValueError(f"resolution must be a positive integer, got {img_size!r}")
+    if img_size % patch_size:
+        raise ValueError(f"resolution {img_size} is not a multiple of the patch size {patch_size}; "
+                         f"use a multiple of {patch_size} (e.g. {patch_size * max(1, round(img_size / patch_size))})")
+
+
+def fit_exponent(x, y) -> float:
+    """Least-squares slope of log y against log x (the exponent p of y ~ x^p)."""
+    pts = [(math.log(a), math.log(b)) for a, b in zip(x, y) if a and b and a > 0 and b > 0]
+    if len(pts) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx > 0 else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory and time helpers.
+
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux /proc)."""
+    return _proc_status_kb("VmRSS") * 1024
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark (VmHWM); False where /proc/self/clear_refs is not writable."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _RssSampler(threading.Thread):
+    """Fallback peak tracker: samples VmRSS every `interval` s while the step runs."""
+
+    def __init__(self, interval: float = 0.001):
+        super().__init__(daemon=True)
+        self.interval, self.peak, self._stop_evt = interval, rss_bytes(), threading.Event()
+
+    def run(self):
+        while not self._stop_evt.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(self.interval)
+
+    def stop(self) -> int:
+        self._stop_evt.set()
+        self.join()
+        self.peak = max(self.peak, rss_bytes())
+        return self.peak
+
+
+def timed_step(step, device: torch.device) -> tuple[float, int]:
+    """Run step() once; return (seconds, bytes the step added at its peak)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1e3, torch.cuda.max_memory_allocated(device) - before
+    before = rss_bytes()
+    sampler = None
+    if not _reset_peak_rss():
+        sampler = _RssSampler()
+        sampler.start()
+    t0 = time.perf_counter()
+    step()
+    dt = time.perf_counter() - t0
+    peak = sampler.stop() if sampler else _proc_status_kb("VmHWM") * 1024
+    return dt, max(0, peak - before)
+
+
+def summarize(times: list[float]) -> dict:
+    """Median, min, max and relative spread (max - min) / median of repeat times."""
+    med = statistics.median(times)
+    return {"median_s": med, "min_s": min(times), "max_s": max(times),
+            "spread": (max(times) - min(times)) / med if med > 0 else float("nan"), "repeats": len(times)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One configuration (runs inside the worker subprocess).
+
+def _is_oom(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in msg or "can't allocate memory" in msg \
+        or "cannot allocate memory" in msg
+
+
+def build(cfg: dict, device: torch.device, dtype: torch.dtype):
+    """(module, input, forward-callable) for a configuration dict (see run_config)."""
+    from .mixers import DenseAttention, SSoG
+    from .models.vit import PRESETS, vit_from_preset
+    kind, mixer = cfg.get("kind", "model"), cfg["mixer"]
+    if mixer not in MIXER_KINDS:
+        raise ValueError(f"unknown mixer {mixer!r}; choose one of {MIXER_KINDS}")
+    backend = cfg.get("ssog_backend", "auto")
+    B = int(cfg.get("batch_size", 1))
+    if kind == "mixer":
+        C, h, M, g = cfg["dim"], cfg["num_heads"], cfg.get("num_components", 4), cfg["grid"]
+        mod = (SSoG(C, h, M, backend=backend, device=device, dtype=dtype) if mixer == "ssog"
+               else DenseAttention(C, h, backend=mixer, device=device, dtype=dtype))
+        x = torch.randn(B, g, g, C, device=device, dtype=dtype)
+        return mod, x, None
+    if cfg["width"] not in PRESETS:
+        raise ValueError(f"unknown width preset {cfg['width']!r}; choose one of {sorted(PRESETS)}")
+    check_resolution(cfg["resolution"], PRESETS[cfg["width"]].get("patch_size", 16))
+    variant, extra = cfg["variant"], {}
+    if variant == "ode":
+        method = cfg.get("method", "rk4")
+        extra = dict(method=method, rtol=cfg.get("rtol", 1e-3), atol=cfg.get("atol", 1e-3))
+        if method == "rk4":
+            steps = int(cfg.get("rk4_steps", 3))
+            # An explicit grid: step_size = t1/steps can round to one step more.
+            extra["options"] = {"grid_constructor": lambda f, y0, t: torch.linspace(
+                float(t[0]), float(t[-1]), steps + 1, dtype=t.dtype, device=t.device)}
+    model = vit_from_preset(cfg["width"], variant, "ssog" if mixer == "ssog" else "attention",
+                            img_size=cfg["resolution"], ssog_backend=backend,
+                            attn_backend="sdpa" if mixer == "ssog" else mixer,
+                            device=device, dtype=dtype, **extra)
+    images = torch.randn(B, 3, cfg["resolution"], cfg["resolution"], device=device, dtype=dtype)
+    labels = torch.randint(0, model.config.num_classes, (B,), device=device)
+    return model, images, labels
+
+
+def measure(cfg: dict) -> dict:
+    """Measure one configuration in this process; returns a JSON-able dict (status ok / oom / error).
+
+    cfg keys: kind ("model" | "mixer"), mixer (ssog | sdpa | math), mode (inference | train), device,
+    dtype, bf16, batch_size, warmup, repeats, ssog_backend; model: width, resolution, variant, method,
+    rk4_steps; mixer: dim, num_heads, num_components, grid.
+    """
+    device = torch.device(cfg.get("device", "cpu"))
+    dtype = getattr(torch, cfg.get("dtype", "float32"))
+    mode = cfg.get("mode", "inference")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    if int(cfg.get("threads", 0)) > 0:
+        torch.set_num_threads(int(cfg["threads"]))
+    # Subnormal floats (far Gaussian tails, large negative softmax logits) slow x86 arithmetic by
+    # an order of magnitude; flushing them to zero is what every production CPU stack does.
+    torch.set_flush_denormal(True)
+    out = {"config": cfg}
+    try:
+        module, x, labels = build(cfg, device, dtype)
+        amp = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.get("bf16")
+               else torch.autocast(device_type=device.type, enabled=False))
+        params = [p for p in module.parameters() if p.requires_grad]
+        lr = 1e-4
+
+        def forward():
+            with amp:
+                return module(x)
+
+        def step():
+            if mode == "inference":
+                with torch.inference_mode():
+                    forward()
+                return
+            y = forward()
+            loss = torch.nn.functional.cross_entropy(y.float(), labels) if labels is not None else y.float().square().mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in params:  # plain SGD: no optimiser state to blur the memory comparison
+                    p.add_(p.grad, alpha=-lr)
+                    p.grad = None
+
+        for _ in range(int(cfg.get("warmup", 1))):
+            step()
+        times, peaks = [], []
+        for _ in range(int(cfg.get("repeats", 3))):
+            dt, peak = timed_step(step, device)
+            times.append(dt)
+            peaks.append(peak)
+        B = int(cfg.get("batch_size", 1))
+        out.update(status="ok", **summarize(times), times_s=times, peak_bytes=max(peaks), peaks_bytes=peaks,
+                   images_per_s=B / statistics.median(times),
+                   peak_method=("cuda.max_memory_allocated" if device.type == "cuda"
+                                else "VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS"))
+        flow = getattr(module, "flow", None)
+        if flow is not None:
+            out["nfe"] = int(flow.last_nfe)
+        if isinstance(module, torch.nn.Module) and cfg.get("kind", "model") == "model" and cfg["mixer"] == "ssog":
+            from .mixers.ssog import choose_backend
+            blk = module.vector_field.block if hasattr(module, "vector_field") else module.blocks[0]
+            g = cfg["resolution"] // module.config.patch_size
+            out["ssog_backend_used"] = (choose_backend(g, g, *blk.mixer.gaussian_params())
+                                        if blk.mixer.backend == "auto" else blk.mixer.backend)
+    except Exception as e:  # noqa: BLE001 - reported, not raised: one configuration must not stop the run
+        if _is_oom(e):
+            out.update(status="oom", error=str(e).splitlines()[0][:300])
+        else:
+            out.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocess driver.
+
+def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None = None) -> dict:
+    """Run `measure(cfg)` in a fresh Python process and return its result dict.
+
+    mem_limit_gb caps the worker's data segment (RLIMIT_DATA, CPU only), so an oversized
+    configuration fails its own allocation and is reported as "oom" instead of pushing the machine
+    into swap or the OOM killer. A killed worker (SIGKILL) is also reported as "oom".
+    """
+    env = dict(os.environ)
+    # glibc would otherwise keep freed blocks (and raise its mmap threshold after the first large
+    # free), so the resident size before a step would include memory the step then reuses.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
+    if int(cfg.get("threads", 0)) > 0:  # OpenMP reads this at start-up, before set_num_threads
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(int(cfg["threads"]))
+    preexec = None
+    if mem_limit_gb and cfg.get("device", "cpu") == "cpu":
+        limit = int(mem_limit_gb * 2**30)
+
+        def preexec():
+            import resource
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    cmd = [sys.executable, "-m", "lipcheck.bench", json.dumps(cfg)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec)
+    except subprocess.TimeoutExpired:
+        return {"config": cfg, "status": "timeout", "error": f"no result within {timeout:.0f} s",
+                "wall_s": time.perf_counter() - t0}
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            res = json.loads(line[len(RESULT_TAG):])
+            res["wall_s"] = wall
+            return res
+    tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+    if proc.returncode in (-9, 137) or _is_oom(RuntimeError(proc.stderr)):
+        return {"config": cfg, "status": "oom", "error": f"worker killed or out of memory (rc {proc.returncode}): {tail}",
+                "wall_s": wall}
+    return {"config": cfg, "status": "error", "error": f"worker exited {proc.returncode}: {tail}", "wall_s": wall}
+
+
+def _worker_main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m lipcheck.bench '<json config>'", file=sys.stderr)
+        return 2
+    res = measure(json.loads(argv[0]))
+    print(RESULT_TAG + json.dumps(res, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker_main())
