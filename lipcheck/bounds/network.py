@@ -1,0 +1,157 @@
+"""Lipschitz bounds for a pre-norm block's vector field and the Neural-ODE right-hand side (SPEC S3).
+
+    F(x) = Mixer(LN1(x)) + MLP(LN2(x)),   Lip(F) <= Lip(Mixer) Lip(LN1) + Lip(MLP) Lip(LN2)
+    Lip(MLP) <= ||W1|| sup|GELU'| ||W2||,  Lip(LN) <= max|gamma| / sqrt(eps)  (global)
+    ||J_LN(x)|| <= max|gamma| / sqrt(v + eps) at tokens of variance >= v      (local)
+
+The discrete block x + F-like update has Lip <= 1 + Lip(Mixer) Lip(LN1) + ... ; here F is the
+quantity the ODE theory (S5) needs. The global constant is dominated by 1/sqrt(eps): with eps = 1e-6
+it is about 1000 max|gamma| per LayerNorm and says little; the local one along real states is the useful number.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from .. import symbolic
+from . import spectral
+
+VACUOUS = 1e3  # a global bound above this says nothing useful about an ODE on [0, 1]
+
+
+@dataclasses.dataclass
+class VectorFieldBound:
+    global_bound: float
+    local_bound: float | None
+    mixer: float
+    mlp: float
+    ln1_global: float
+    ln2_global: float
+    ln1_local: float | None
+    ln2_local: float | None
+    vacuous: bool
+    terms: dict
+
+
+def _block_of(model_or_block) -> nn.Module:
+    if hasattr(model_or_block, "vector_field") and hasattr(model_or_block.vector_field, "block"):
+        return model_or_block.vector_field.block
+    if all(hasattr(model_or_block, a) for a in ("norm1", "mixer", "norm2", "mlp")):
+        return model_or_block
+    raise TypeError("model_or_block must be an ODE ViT (with .vector_field.block) or a Block; "
+                    f"got {type(model_or_block).__name__}")
+
+
+def _ln_constants(norm: nn.Module, v: float | None, dtype, device):
+    """(global, local, token_radius) of one LayerNorm (Identity: 1, 1, inf)."""
+    if isinstance(norm, nn.Identity):
+        return 1.0, 1.0, math.inf
+    if not isinstance(norm, nn.LayerNorm):
+        raise TypeError(f"unsupported norm {type(norm).__name__}; expected nn.LayerNorm or nn.Identity")
+    C = norm.normalized_shape[-1]
+    gamma = norm.weight.detach().to(dtype=dtype, device=device) if norm.weight is not None else torch.ones(C, dtype=dtype)
+    beta = norm.bias.detach().to(dtype=dtype, device=device) if norm.bias is not None else torch.zeros(C, dtype=dtype)
+    if not (bool(torch.isfinite(gamma).all()) and bool(torch.isfinite(beta).all())):
+        raise ValueError("LayerNorm weight/bias have non-finite entries; fix the weights before certifying")
+    gmax = float(gamma.abs().max())
+    glob = symbolic.layernorm_lipschitz(gmax, norm.eps)
+    loc = symbolic.layernorm_lipschitz(gmax, norm.eps, v) if v is not None else None
+    # LN output token: gamma * z + beta with ||z|| <= sqrt(C)
+    radius = math.sqrt(C) * gmax + float(beta.norm())
+    return glob, loc, radius
+
+
+def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exact") -> float:
+    """||W1||_2 sup|GELU'| ||W2||_2 (0 when the block has no MLP)."""
+    if mlp is None:
+        return 0.0
+    W1 = mlp.fc1.weight.detach().to(dtype=dtype, device=device)
+    W2 = mlp.fc2.weight.detach().to(dtype=dtype, device=device)
+    for name, t in (("mlp.fc1.weight", W1), ("mlp.fc2.weight", W2)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} has non-finite entries; fix the weights before certifying")
+    n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.ROUNDING)
+    n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.ROUNDING)
+    return n1 * symbolic.gelu_derivative_sup(variant) * n2
+
+
+def mixer_lipschitz(mixer, *, token_radius: float = math.inf, num_tokens: int | None = None,
+                    dtype=torch.float64, device=None, rtol: float = 1e-4) -> tuple[float, dict]:
+    """Certified Lipschitz constant of the mixer. SSoG: the resolution-free bound (every grid).
+    DenseAttention: only finite on a bounded domain, via lipcheck.bounds.attention.attention_lipschitz_on_ball."""
+    from ..mixers.attention import DenseAttention
+    from ..mixers.ssog import SSoG
+    if isinstance(mixer, SSoG):
+        p = spectral.ssog_params(mixer, dtype=dtype, device=device)
+        closed = spectral.closed_form_bound(p)
+        rf, info = spectral.resolution_free_bound(p, rtol=rtol)
+        return min(rf.upper, closed), dict(kind="ssog", resolution_free=rf.upper, symbol_sup_lower=rf.lower,
+                                           closed_form=closed, **info)
+    if isinstance(mixer, DenseAttention):
+        if not math.isfinite(token_radius):
+            raise ValueError("dense attention is not globally Lipschitz without LayerNorm in front of it "
+                             "(use_norm=False): no finite bound exists")
+        if num_tokens is None:
+            raise ValueError("a dense-attention bound depends on the number of tokens: pass states (B, H, W, C)")
+        try:
+            from .attention import attention_lipschitz_on_ball
+        except ImportError as e:
+            raise NotImplementedError("the dense-attention Lipschitz bound needs "
+                                      "lipcheck.bounds.attention.attention_lipschitz_on_ball, which is not "
+                                      f"available in this checkout ({e})") from None
+        L = float(attention_lipschitz_on_ball(mixer, token_radius, num_tokens, dtype=dtype, device=device))
+        return L, dict(kind="attention", token_radius=token_radius, num_tokens=num_tokens)
+    raise TypeError(f"unsupported mixer {type(mixer).__name__}; expected SSoG or DenseAttention")
+
+
+def min_token_variance(states: torch.Tensor) -> float:
+    """Smallest per-token (biased, over channels) variance: what LayerNorm divides by."""
+    if not torch.is_tensor(states) or states.dim() < 2:
+        raise ValueError("states must be a tensor (..., C), e.g. (B, H, W, C)")
+    if not bool(torch.isfinite(states).all()):
+        raise ValueError("states contain non-finite values; certify only finite states")
+    return float(states.detach().to(torch.float64).var(dim=-1, unbiased=False).min())
+
+
+def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float | None = None,
+                           dtype=torch.float64, device=None, rtol: float = 1e-4,
+                           gelu_variant: str = "exact") -> VectorFieldBound:
+    """Global and local Lipschitz bounds for F(x) = Mixer(LN1 x) + MLP(LN2 x) (SPEC S3).
+
+    model_or_block: an ODE ViT (its `.vector_field.block` is used) or a Block.
+    states: optional (B, H, W, C) tensor(s) along which the local bound holds; the local bound uses
+    v = min token variance over the states (and `min_variance` if given, the smaller of the two).
+    The global bound uses LayerNorm's global constant max|gamma| / sqrt(eps).
+    """
+    block = _block_of(model_or_block)
+    if isinstance(states, (list, tuple)):
+        states = torch.cat([s.reshape(-1, s.shape[-1]) for s in states]) if states else None
+    v = None
+    num_tokens = None
+    if states is not None:
+        v = min_token_variance(states)
+        num_tokens = int(states.shape[1] * states.shape[2]) if states.dim() == 4 else None
+    if min_variance is not None:
+        if not math.isfinite(min_variance) or min_variance < 0:
+            raise ValueError(f"min_variance must be finite and >= 0, got {min_variance}")
+        v = min_variance if v is None else min(v, min_variance)
+    ln1_g, ln1_l, radius1 = _ln_constants(block.norm1, v, dtype, device)
+    use_mlp = block.mlp is not None
+    if use_mlp:
+        ln2_g, ln2_l, _ = _ln_constants(block.norm2, v, dtype, device)
+    else:
+        ln2_g, ln2_l = 0.0, (0.0 if v is not None else None)
+    mixer, mixer_terms = mixer_lipschitz(block.mixer, token_radius=radius1, num_tokens=num_tokens,
+                                         dtype=dtype, device=device, rtol=rtol)
+    mlp = mlp_lipschitz(block.mlp, dtype=dtype, device=device, variant=gelu_variant)
+    glob = mixer * ln1_g + mlp * ln2_g
+    loc = None if v is None else mixer * ln1_l + mlp * (ln2_l or 0.0)
+    terms = dict(mixer=mixer, mixer_terms=mixer_terms, mlp=mlp, gelu_sup=symbolic.gelu_derivative_sup(gelu_variant),
+                 ln1_global=ln1_g, ln2_global=ln2_g, ln1_local=ln1_l, ln2_local=ln2_l, min_variance=v,
+                 global_bound=glob, local_bound=loc, use_norm=not isinstance(block.norm1, nn.Identity),
+                 use_mlp=use_mlp, vacuous_threshold=VACUOUS)
+    return VectorFieldBound(global_bound=glob, local_bound=loc, mixer=mixer, mlp=mlp, ln1_global=ln1_g,
+                            ln2_global=ln2_g, ln1_local=ln1_l, ln2_local=ln2_l, vacuous=glob > VACUOUS, terms=terms)
