@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from lipcheck import report  # noqa: E402
-from lipcheck.bounds.attention import attention_block_lipschitz, attention_lipschitz_on_ball  # noqa: E402
+from lipcheck.bounds.attention import attention_block_lipschitz, attention_lipschitz_on_frobenius_ball  # noqa: E402
 from lipcheck.mixers.attention import DenseAttention  # noqa: E402
 from lipcheck.models.vit import vit_from_preset  # noqa: E402
 from lipcheck.probe import (BlockMap, attention_growth, benchmark_batched_vs_loop,  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     curves["attention"] = attention_growth(attn, radii, **cfg["attention"], **common)
     times = {"attention": time.perf_counter() - t0}
-    attn_upper = [attention_lipschitz_on_ball(attn, R, N) for R in radii]  # ||X||_F <= R puts every token in D_R
+    attn_upper = [attention_lipschitz_on_frobenius_ball(attn, R, N) for R in radii]
 
     # 2. the pre-LN block and the Neural-ODE vector field of the dense ODE ViT (ViT initialisation)
     torch.manual_seed(args.seed)
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     total = time.perf_counter() - t_start
 
     data = {"mode": mode, "grid": [H, W], "radii": radii, "curves": {k: v.as_dict() for k, v in curves.items()},
-            "attention_upper_tokens_le_R": attn_upper, "block_bounds": block_bounds, "ssog_exact": ssog_L,
+            "attention_upper_frobenius_ball": attn_upper, "block_bounds": block_bounds, "ssog_exact": ssog_L,
             "ssog_exact_method": ssog_how, "benchmark": bench, "settings": {k: v for k, v in cfg.items()},
             "seconds": {**times, "total": total}, "threads": torch.get_num_threads()}
     md = render(data, curves, radii, attn_upper, block_bounds, ssog_L, ssog_how, bench, args)
@@ -139,7 +139,7 @@ def figure(curves, radii, attn_upper, block_bounds, ssog_L, st, docs):
     Rf = [r for r in radii if r >= a.fit_min_radius]
     ax.loglog(Rf, [math.exp(b) * r ** k for r in Rf], "--", color="C0", lw=1,
               label=f"fit R^{k:.3f} (R >= {a.fit_min_radius:g})")
-    ax.loglog(radii, attn_upper, ":", color="C0", label="dense attention: certified upper bound (tokens <= R)")
+    ax.loglog(radii, attn_upper, ":", color="C0", label="dense attention: certified upper bound on L(R)")
     if "attention_vit_init" in curves:
         c = curves["attention_vit_init"]
         ax.loglog(c.radii, c.lower, "x-", color="C4", ms=4, label="dense attention, ViT init (lower bound)")
@@ -191,11 +191,11 @@ def render(data, curves, radii, attn_upper, bb, ssog_L, ssog_how, bench, args) -
         rows.append([f"{R:g}", a.lower[i], a.search[i], a.witness[i], a.lower[i] / R ** 2, attn_upper[i],
                      attn_upper[i] / a.lower[i]])
     lines.append(report.md_table(["R", "L(R) certified", "search value", "best witness start (certified)",
-                                  "L / R^2", "certified upper bound (tokens <= R)", "upper / lower"], rows))
+                                  "L / R^2", "certified upper bound on L(R)", "upper / lower"], rows))
     lines += ["", "At small R the linear (value-path) part of the Jacobian dominates, so L is nearly flat; from "
               "R ~ 16 the softmax's covariance term takes over and L grows like R^2. The upper bound is "
-              "`lipcheck.bounds.attention.attention_lipschitz_on_ball(layer, R, N)` (every token of a grid with "
-              "||X||_F <= R has norm <= R); it also grows like R^2, so the R^2 rate is certified from both "
+              "`lipcheck.bounds.attention.attention_lipschitz_on_frobenius_ball(layer, R, N)` (the Jacobian formula "
+              "bounded term by term on the ball); it also grows like R^2, so the R^2 rate is certified from both "
               "sides, with a constant-factor gap between the witness-found lower bound and the triangle-"
               "inequality upper bound (last column).", ""]
     if "attention_vit_init" in curves:

@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from lipcheck.bounds.attention import attention_lipschitz_on_ball, head_matrices, layernorm_image_radius
+from lipcheck.bounds.attention import (attention_lipschitz_on_ball, attention_lipschitz_on_frobenius_ball, head_matrices,
+                                      layernorm_image_radius)
 from lipcheck.mixers.attention import DenseAttention
 from lipcheck.models.vit import Block
 from lipcheck.probe import BlockMap, attention_growth, attention_witness, witness_closed_form, witness_directions
@@ -168,8 +169,11 @@ def test_attention_bound_dominates_jacobian_on_bounded_tokens(seed, rho):
         X = X / X.norm(dim=1, keepdim=True) * rho * torch.rand(H * W, 1, generator=g, dtype=torch.float64) ** 0.1
         assert spectral(dense_jacobian(layer, X.reshape(H, W, C))) <= bound
     # adversarial: the probe's inputs on the Frobenius ball of radius rho (inside D_rho)
+    frob = attention_lipschitz_on_frobenius_ball(layer, rho, H * W)
     r = attention_growth(layer, [rho], grid=(H, W), restarts=4, steps=8, device="cpu", seed=seed)
-    assert r.lower[0] <= bound
+    assert r.lower[0] <= min(bound, frob)
+    X = torch.randn(H, W, C, generator=g, dtype=torch.float64)
+    assert spectral(dense_jacobian(layer, X * (rho / X.norm()))) <= frob
 
 
 def test_layernorm_image_radius_holds():

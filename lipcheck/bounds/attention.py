@@ -108,6 +108,26 @@ def attention_lipschitz_on_ball(layer: DenseAttention, token_radius: float, num_
     return t["value"] + t["key_covariance"] + t["query_side"]
 
 
+def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, num_tokens: int, *,
+                                          dtype=torch.float64, device=None) -> float:
+    """Certified upper bound on L(R) = sup_{||X||_F <= R} ||J_f(X)||_2 (the probe's quantity):
+
+        L(R) <= sum_h ||B_h||_2 [ sqrt(N) + R^2 ||A_h||_2 / sqrt(d) + R (R ||A_h||_2 + sqrt(N) ||c_h||_2) / sqrt(d) ].
+
+    Same three terms as `attention_lipschitz_on_ball`, with what the Frobenius ball adds: every token has
+    norm <= R (so the weighted covariances are <= R^2 in norm), and in term 3 the bound
+    sum_i sum_j p_ij (dx_j . w_i)^2 <= ||dX||_F^2 sum_i ||w_i||^2 (p_ij <= 1) with
+    sum_i ||w_i||^2 = ||X A_h + 1 c_h||_F^2 <= (R ||A_h|| + sqrt(N) ||c_h||)^2 replaces the factor sqrt(N) on the
+    R^2 part."""
+    R, N = _check_args(radius, num_tokens)
+    m = head_matrices(layer, dtype=dtype, device=device)
+    nA = torch.linalg.matrix_norm(m["A"], ord=2)
+    nB = torch.linalg.matrix_norm(m["B"], ord=2)
+    nc = torch.linalg.vector_norm(m["c"], dim=-1)
+    sd = math.sqrt(layer.head_dim)
+    return float((nB * (math.sqrt(N) + R ** 2 * nA / sd + R * (R * nA + math.sqrt(N) * nc) / sd)).sum())
+
+
 def layernorm_image_radius(norm: torch.nn.Module) -> float:
     """rho = sqrt(C) max|gamma| + ||beta||: LN(x) = gamma * xhat + beta with ||xhat|| <= sqrt(C)."""
     if not isinstance(norm, torch.nn.LayerNorm):
