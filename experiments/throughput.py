@@ -37,7 +37,10 @@ from lipcheck.models.vit import PRESETS, VARIANTS  # noqa: E402
 # train_upto[variant][width]: largest resolution at which the training step is measured (a training
 # step costs about three forwards; the whole grid would not fit the ~30 minute CPU budget).
 FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants=list(VARIANTS),
-            train_upto={"discrete": {"ti": 1024, "s": 512}, "looped": {"ti": 224, "s": 224}, "ode": {"ti": 224, "s": 224}},
+            train_upto={"discrete": {"ti": 1024, "s": 512}, "looped": {"ti": 224}, "ode": {"ti": 224}},
+            # looped runs exactly the discrete model's operations (one block's weights, applied depth
+            # times), so between the ends of the range it adds time, not information
+            looped_resolutions=[224, 1024],
             dopri5_resolutions=[224, 512, 1024], dopri5_widths=["ti"], mixer_grid=64,
             mixer_backends=list(BACKENDS))
 QUICK = dict(resolutions=[224, 384], widths=["ti"], variants=["discrete", "ode"],
@@ -71,6 +74,10 @@ def parse(argv):
     p.add_argument("--no-train", action="store_true", help="skip the training-step measurements")
     p.add_argument("--mem-limit-gb", type=float, default=8.0,
                    help="CPU memory cap per configuration; beyond it the configuration is reported as out of memory")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop starting new configurations after this many minutes (the rest are reported as skipped)")
+    p.add_argument("--rerender", type=Path, default=None,
+                   help="rebuild the report from the raw results of an earlier run's JSON instead of measuring")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration before it is reported as timed out")
     return p.parse_args(argv)
 
@@ -118,6 +125,9 @@ def plan(args, device: str) -> list[dict]:
 
     cfgs = []
     g = base["mixer_grid"]
+    # The largest resolution first: if the time budget (--max-minutes) runs out, the targets survive.
+    resolutions = sorted(resolutions)
+    resolutions = resolutions[-1:] + resolutions[:-1]
     for mixer, backend in [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]:
         cfgs.append(dict(common, part="mixer", kind="mixer", mixer=mixer, mode="inference", grid=g,
                          ssog_backend=backend or "auto", repeats=reps(0) if args.quick else 5, warmup=warm(0),
@@ -126,6 +136,8 @@ def plan(args, device: str) -> list[dict]:
     for res in resolutions:
         for width in widths:
             for variant in variants:
+                if variant == "looped" and not args.variants and res not in base.get("looped_resolutions", [res]):
+                    continue
                 methods = ["rk4"] if variant == "ode" else [None]
                 if variant == "ode" and res in base["dopri5_resolutions"] and width in base["dopri5_widths"]:
                     methods.append("dopri5")
@@ -435,13 +447,21 @@ def main(argv=None) -> int:
     validate(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     threads = args.threads if args.threads is not None else (1 if device == "cpu" else 0)
-    cfgs = plan(args, device)
     st = report.stamp(device=device)
-    t0 = time.perf_counter()
-    results = []
-    for cfg in tqdm(cfgs, desc="bench", unit="config"):
-        results.append(bench.run_config(cfg, timeout=args.timeout, mem_limit_gb=args.mem_limit_gb))
-    elapsed = time.perf_counter() - t0
+    if args.rerender:
+        import json
+        old = json.loads(Path(args.rerender).read_text())
+        results, elapsed, st = old["raw"], old["elapsed_s"], old["stamp"]
+    else:
+        cfgs = plan(args, device)
+        t0 = time.perf_counter()
+        results = []
+        for cfg in tqdm(cfgs, desc="bench", unit="config"):
+            if args.max_minutes and time.perf_counter() - t0 > 60 * args.max_minutes:
+                results.append({"config": cfg, "status": "skipped", "error": f"time budget of {args.max_minutes:g} min used up"})
+                continue
+            results.append(bench.run_config(cfg, timeout=args.timeout, mem_limit_gb=args.mem_limit_gb))
+        elapsed = time.perf_counter() - t0
     mixer_rows, mixer_md = mixer_table(results)
     rows = analyse(results)["rows"]
     fit = fits(rows)

@@ -1,0 +1,169 @@
+"""Every SSoG backend equals the dense reference K_h = sum_m alpha G_H kron G_W (operator_matrices),
+forward and backward, in float64; the truncation bound holds; the cost model picks its argmin."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from lipcheck import gaussian
+from lipcheck.mixers import ssog
+from lipcheck.mixers.ssog import (BACKENDS, SSoG, backend_costs, choose_backend, fft_size, operator_matrices,
+                                  ssog_mix, truncation_radius)
+
+F64 = torch.float64
+TOL = 1e-10
+
+
+def dense_mix(v, alpha, mu, sigma):
+    """Reference: out[b, :, :, h] = K_h v[b, :, :, h] with the dense (h, N, N) operator."""
+    B, H, W, h, d = v.shape
+    K = operator_matrices(H, W, alpha, mu, sigma)
+    return torch.einsum("hnk,bkhd->bnhd", K, v.reshape(B, H * W, h, d)).reshape(B, H, W, h, d)
+
+
+def random_params(g, h, M, *, mu_scale=4.0, sigma_lo=0.05, sigma_hi=12.0):
+    alpha = torch.randn(h, M, dtype=F64, generator=g)  # negative weights included
+    mu = (torch.rand(h, M, 2, dtype=F64, generator=g) * 2 - 1) * mu_scale  # non-integer offsets
+    sigma = sigma_lo * (sigma_hi / sigma_lo) ** torch.rand(h, M, 2, dtype=F64, generator=g)
+    return alpha, mu, sigma
+
+
+def grads(fn, v, alpha, mu, sigma, R):
+    leaves = [t.clone().requires_grad_(True) for t in (v, alpha, mu, sigma)]
+    (fn(*leaves) * R).sum().backward()
+    return [t.grad for t in leaves]
+
+
+@settings(deadline=None, max_examples=25)
+@given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
+       B=st.integers(1, 2), seed=st.integers(0, 2**31 - 1))
+def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
+    g = torch.Generator().manual_seed(seed)
+    alpha, mu, sigma = random_params(g, h, M)
+    v = torch.randn(B, H, W, h, d, dtype=F64, generator=g)
+    R = torch.randn(B, H, W, h, d, dtype=F64, generator=g)
+    ref = dense_mix(v, alpha, mu, sigma)
+    ref_grads = grads(dense_mix, v, alpha, mu, sigma, R)
+    scale = max(1.0, float(ref.abs().max()))
+    for name in BACKENDS:
+        fn = lambda *a, name=name: ssog_mix(*a, backend=name)
+        out = fn(v, alpha, mu, sigma)
+        assert out.shape == ref.shape
+        assert (out - ref).abs().max() <= TOL * scale, name
+        for which, gb, gr in zip(("x", "alpha", "mu", "sigma"), grads(fn, v, alpha, mu, sigma, R), ref_grads):
+            assert (gb - gr).abs().max() <= TOL * max(1.0, float(gr.abs().max())), (name, which)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_backend_gradients_match_finite_differences(backend):
+    g = torch.Generator().manual_seed(3)
+    alpha, mu, sigma = random_params(g, 2, 2, sigma_lo=0.3, sigma_hi=5.0)
+    v = torch.randn(1, 4, 5, 2, 2, dtype=F64, generator=g)
+    inputs = tuple(t.clone().requires_grad_(True) for t in (v, alpha, mu, sigma))
+    assert torch.autograd.gradcheck(lambda *a: ssog_mix(*a, backend=backend), inputs, eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS) + ["auto"])
+def test_module_equals_sum_of_heads_with_projections(backend):
+    """SSoG(X) = sum_h K_h X P_h + b with P_h = head_projections(), on a non-square grid."""
+    torch.manual_seed(0)
+    layer = SSoG(12, 3, 2, backend=backend, dtype=F64)
+    g = torch.Generator().manual_seed(1)
+    alpha, mu, sigma = random_params(g, 3, 2, sigma_lo=0.2, sigma_hi=9.0)
+    layer.set_gaussian_params(alpha, mu, sigma)
+    H, W = 5, 8
+    X = torch.randn(2, H, W, 12, dtype=F64)
+    K, P = layer.operator_matrix(H, W), layer.head_projections()
+    ref = torch.einsum("hnk,bkc,hcf->bnf", K, X.reshape(2, H * W, 12), P) + layer.o_proj.bias
+    out = layer(X).reshape(2, H * W, 12)
+    assert (out - ref).abs().max() <= TOL * max(1.0, float(ref.abs().max()))
+
+
+def test_taps_are_the_axis_matrix_entries():
+    """The fast backends read the same g as gaussian.axis_matrix: identical numbers, only arranged."""
+    g = torch.Generator().manual_seed(5)
+    _, mu, sigma = random_params(g, 2, 3)
+    for n in (1, 2, 7):
+        A = gaussian.axis_matrix(n, mu[..., 0], sigma[..., 0])
+        T = ssog._toeplitz(n, mu[..., 0], sigma[..., 0])
+        assert torch.equal(torch.where(A < torch.finfo(F64).tiny, torch.zeros_like(A), A), T)
+
+
+def test_truncation_radius_reaches_the_grid_for_wide_kernels():
+    """Width large relative to the grid: the radius is capped at n - 1 and the cut is exact."""
+    mu = torch.tensor([[0.3]], dtype=F64)
+    sigma = torch.tensor([[20.0]], dtype=F64)
+    assert truncation_radius(16, mu, sigma, 1e-16) == 15
+    v = torch.randn(1, 16, 16, 1, 2, dtype=F64)
+    alpha = torch.tensor([[1.0]], dtype=F64)
+    mu2, sigma2 = mu[..., None].expand(1, 1, 2), sigma[..., None].expand(1, 1, 2)
+    assert (ssog_mix(v, alpha, mu2, sigma2, "truncated") - dense_mix(v, alpha, mu2, sigma2)).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("tol", [1e-4, 1e-8, 1e-16])
+def test_truncation_dropped_mass_below_tol(tol):
+    """The dropped mass beyond the radius, summed far out, is at most tol (the bound in truncation_radius)."""
+    g = torch.Generator().manual_seed(11)
+    _, mu, sigma = random_params(g, 4, 4, mu_scale=3.0, sigma_lo=0.01, sigma_hi=6.0)
+    for m_, s_ in zip(mu[..., 0].flatten(), sigma.flatten()[:16]):
+        r = truncation_radius(10_000, m_.reshape(1), s_.reshape(1), tol)
+        assert r < 10_000 - 1
+        k = torch.arange(-r - 400, r + 401, dtype=F64)
+        gk = gaussian.kernel(k, m_, s_)
+        dropped = float(gk[(k.abs() > r)].sum())
+        assert dropped <= tol, (float(m_), float(s_), r, dropped)
+
+
+def test_truncated_backend_error_within_stated_bound():
+    """With a loose tol the cut is visible, and the error stays inside sum_m |alpha| (2 tol + tol^2) max|v|."""
+    tol = 1e-4
+    g = torch.Generator().manual_seed(2)
+    alpha, mu, sigma = random_params(g, 2, 3, mu_scale=2.0, sigma_lo=0.5, sigma_hi=2.0)
+    H, W = 40, 33
+    v = torch.randn(1, H, W, 2, 3, dtype=F64, generator=g)
+    ry = max(truncation_radius(H, mu[:, m, 0], sigma[:, m, 0], tol) for m in range(3))
+    assert ry < H - 1  # a real cut happens on this grid
+    out = BACKENDS["truncated"](v, alpha, mu, sigma, tol=tol)
+    err = (out - dense_mix(v, alpha, mu, sigma)).abs().amax(dim=(0, 1, 2, 4))  # per head
+    bound = alpha.abs().sum(1) * (2 * tol + tol**2) * v.abs().max()
+    assert (err <= bound).all()
+    assert float(err.max()) > 0
+
+
+def test_fft_size_is_the_smallest_5_smooth_length():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+    for n in range(1, 80):
+        L = fft_size(n)
+        assert L >= 2 * n - 1 and smooth(L)
+        assert not any(smooth(m) for m in range(2 * n - 1, L))
+
+
+def test_cost_model_is_the_argmin_and_follows_sigma():
+    g = torch.Generator().manual_seed(0)
+    alpha, mu, _ = random_params(g, 3, 4, mu_scale=1.0)
+    narrow = torch.full((3, 4, 2), 0.6, dtype=F64)
+    wide = torch.full((3, 4, 2), 4.0, dtype=F64)
+    for sigma in (narrow, wide):
+        for n in (8, 64, 256):
+            costs = backend_costs(n, n, alpha, mu, sigma)
+            assert choose_backend(n, n, alpha, mu, sigma) == min(costs, key=costs.get)
+            # the stacked cost is the dense-factor multiply-add count per channel
+            assert costs["stacked"] == ssog.COST_WEIGHTS["stacked"] * 4 * n * n * (2 * n)
+    assert choose_backend(14, 14, alpha, mu, wide) == "stacked"  # small grid: dense GEMMs
+    assert choose_backend(256, 256, alpha, mu, narrow) == "truncated"  # large grid, narrow kernels
+
+
+def test_unknown_backend_is_a_clear_error():
+    v = torch.zeros(1, 2, 2, 1, 1)
+    p = (torch.ones(1, 1), torch.zeros(1, 1, 2), torch.ones(1, 1, 2))
+    with pytest.raises(ValueError, match="unknown SSoG backend 'nope'"):
+        ssog_mix(v, *p, backend="nope")
+    with pytest.raises(ValueError, match="unknown SSoG backend"):
+        SSoG(8, 2, backend="nope")
+    with pytest.raises(ValueError, match="tol"):
+        truncation_radius(4, p[1][..., 0], p[2][..., 0], 0.0)
