@@ -12,6 +12,7 @@ what `lipcheck report` regenerates; `--compare` asks for it explicitly.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -36,7 +37,7 @@ PAPER = {"discrete": (2.2, 4.1), "ode": (2.2, 4.1), "looped": (5.4, 8.1)}
 PAPER_PARAMS_SAVED_PCT = (8.8, 16.6)
 
 # Digits recipe shared by every run of the comparison.
-COMPARE_EPOCHS, COMPARE_SEEDS = 10, (0, 1, 2)
+COMPARE_EPOCHS, COMPARE_SEEDS = 15, (0, 1, 2)
 QUICK_EPOCHS, QUICK_SEEDS, QUICK_LIMIT = 2, (0,), 512
 
 DATA_DEFAULTS = {  # per data set: preset, recipe
@@ -109,6 +110,8 @@ def ode_overrides(args, variant: str) -> dict:
 
 def single(args) -> int:
     variant, mixer = args.variant or "discrete", args.mixer or "ssog"
+    if args.threads:
+        torch.set_num_threads(args.threads)
     preset = args.preset or DATA_DEFAULTS[args.data]["preset"]
     cfg = config_from(args, args.data)
     limit_train, limit_test = args.limit_train, args.limit_test
@@ -117,18 +120,17 @@ def single(args) -> int:
         limit_train, limit_test = limit_train or 256, limit_test or 128
     out = Path(args.out or f"runs/{args.data}-{preset}-{variant}-{mixer}-s{cfg.seed}")
     dtype = getattr(torch, args.dtype)
+    def log(epoch, r):  # rank 0 only: torchrun sets RANK for every process
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"epoch {epoch}: train loss {r['train_loss']:.4f} acc {r['train_acc']:.4f} | test loss "
+                  f"{r['test_loss']:.4f} acc {r['test_acc']:.4f} | {r['epoch_s']:.1f}s", flush=True)
+
     res = T.run(preset, variant, mixer, data=args.data, data_dir=args.data_dir, cfg=cfg, out_dir=out,
                 resume=args.resume, device=args.device, dtype=dtype, progress=not args.no_progress,
-                limit_train=limit_train, limit_test=limit_test,
-                on_epoch_end=lambda e, r: print(f"epoch {e}: train loss {r['train_loss']:.4f} acc {r['train_acc']:.4f}"
-                                                f" | test loss {r['test_loss']:.4f} acc {r['test_acc']:.4f} | "
-                                                f"{r['epoch_s']:.1f}s", flush=True)
-                if int(os.environ.get("RANK", "0")) == 0 else None,
-                **ode_overrides(args, variant))
+                limit_train=limit_train, limit_test=limit_test, on_epoch_end=log, **ode_overrides(args, variant))
     if res["rank"] == 0:
         payload = {k: v for k, v in res.items() if k != "model"}
-        payload["config"] = vars(cfg) if not hasattr(cfg, "__dataclass_fields__") else \
-            {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+        payload["config"] = dataclasses.asdict(cfg)
         payload["stamp"] = report.stamp(device=res["model"].head.weight.device)
         report.write_json(out / "result.json", payload)
         if args.json:
@@ -168,7 +170,7 @@ def compare(args) -> int:
     jobs = [(v, m, s) for v in variants for s in seeds for m in mixers]
     try:
         for v, m, s in tqdm(jobs, desc="matched comparison", disable=args.no_progress):
-            cfg = T.TrainConfig(**{**cfg0.__dict__, "seed": s})
+            cfg = dataclasses.replace(cfg0, seed=s)
             out = root / f"{v}-{m}-s{s}"
             res = T.run(preset, v, m, data="digits", cfg=cfg, out_dir=out,
                         resume=args.resume and (out / T.CHECKPOINT).exists(), device=args.device, dtype=dtype,
@@ -272,9 +274,10 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
            f"grid, no upsampling), SSoG with {model_cfg.get('num_components', 4)} Gaussian components per head. "
            "Only the mixer differs between the two columns of each pair.",
            f"- Variants: discrete ({model_cfg['depth']} blocks), looped (one block applied {model_cfg['depth']} "
-           f"times), ode (vector field integrated on [0, 1] with fixed-step `{solver.get('method')}`, "
+           f"times), ode (one block's vector field integrated on [0, 1] with fixed-step `{solver.get('method')}`, "
            f"options {solver.get('options')}: {int(1 / solver['options']['step_size']) * 4 if solver.get('options') and solver.get('method') == 'rk4' else 'n/a'} "
-           "vector-field evaluations per forward, back-propagated through the solver steps).",
+           "vector-field evaluations per forward, back-propagated through the solver steps; t1 = 1 is the model "
+           "default, so the flow covers one unit of residual time where the looped model takes four unit steps).",
            f"- Recipe (identical for every run): AdamW (weight decay {cfg.weight_decay}; none on biases, norms, "
            f"position embedding and Gaussian parameters), peak lr {cfg.lr}, {cfg.warmup_epochs:g} warmup epoch(s) "
            f"then cosine to {cfg.min_lr_ratio} x peak, batch {cfg.batch_size}, {cfg.epochs} epochs, label "
@@ -351,14 +354,15 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
            "python experiments/train.py --quick    # a two-minute smoke version", "```", ""]
 
     # figures
-    fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.5), squeeze=False,
+                             constrained_layout=True)
     colors = {"ssog": "C0", "attention": "C3"}
     for ax, v in zip(axes[0], variants):
         for m in mixers:
             curves = torch.tensor([r["curve"] for r in runs if r["variant"] == v and r["mixer"] == m]) * 100
             ep = torch.arange(1, curves.shape[1] + 1)
             mean = curves.mean(0)
-            ax.plot(ep, mean, color=colors[m], label=m)
+            ax.plot(ep, mean, color=colors[m], label=m, marker="o", markersize=3)
             if curves.shape[0] > 1:
                 sd = curves.std(0)
                 ax.fill_between(ep, mean - sd, mean + sd, color=colors[m], alpha=0.2)
@@ -370,7 +374,7 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
     fig.suptitle(f"digits, mean ± std over {n} seed(s)")
     report.save_figure(fig, "training_curves", st, args.docs)
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.3))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5), constrained_layout=True)
     xs = range(len(variants))
     w = 0.38
     for k, m in enumerate(mixers):
@@ -399,8 +403,7 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if args.compare or (args.variant is None and args.mixer is None and args.data == "digits"
-                        and not args.resume):
+    if args.compare or (args.variant is None and args.mixer is None and args.data == "digits"):
         return compare(args)
     return single(args)
 
