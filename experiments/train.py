@@ -403,9 +403,13 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if args.compare or (args.variant is None and args.mixer is None and args.data == "digits"):
-        return compare(args)
-    return single(args)
+    try:
+        if args.compare or (args.variant is None and args.mixer is None and args.data == "digits"):
+            return compare(args)
+        return single(args)
+    except (FileNotFoundError, T.CheckpointError, ValueError) as e:  # bad input: the message names the fix
+        print(f"lipcheck train: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -159,11 +159,24 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert result["world_size"] == 2
 
 
+def load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "experiments" / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # ---------------------------------------------------------------------------------- bad inputs
-def test_missing_data_directory(tmp_path):
+def test_missing_data_directory(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match=r"cifar-100-python/train, cifar-100-python/test, cifar-100-python/meta"):
         T.run("ti", "discrete", "ssog", data="cifar100", data_dir=tmp_path / "absent", cfg=small_cfg(),
               progress=False)
+    # the script turns bad input into a one-line error and exit status 2, not a traceback
+    rc = load_script().main(["--data", "cifar100", "--data-dir", str(tmp_path / "absent"), "--variant", "looped",
+                             "--out", str(tmp_path / "run")])
+    assert rc == 2 and "cifar-100-python/meta" in capsys.readouterr().err
 
 
 def test_resolution_mismatch_is_a_clear_error():
@@ -252,13 +265,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- the script
 def test_compare_script_writes_a_consistent_report(tmp_path):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "experiments" / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rc = mod.main(["--compare", "--quick", "--variant", "discrete", "--epochs", "1", "--limit-train", "48",
+    rc = load_script().main(["--compare", "--quick", "--variant", "discrete", "--epochs", "1", "--limit-train", "48",
                    "--docs", str(tmp_path), "--no-progress", "--json", str(tmp_path / "copy.json")])
     assert rc == 0
     data = json.loads((tmp_path / "data" / "training.json").read_text())
