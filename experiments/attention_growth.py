@@ -44,7 +44,7 @@ def ssog_exact(layer, H: int, W: int) -> tuple[float, str]:
         from lipcheck import bounds
         fn = getattr(bounds, "ssog_lipschitz", None)
         if fn is not None:
-            res = fn(layer, H, W)
+            res = fn(layer, H, W, resolution_free=False)  # only .exact is used here
             if getattr(res, "exact", None) is not None:
                 return float(res.exact), "lipcheck.bounds.ssog_lipschitz(layer, H, W).exact"
     except ImportError:
@@ -107,16 +107,26 @@ def main(argv=None) -> int:
         curves[name] = attention_growth(BlockMap(block, branch), cfg["ln_radii"], **cfg["ln"], **common)
         times[name] = time.perf_counter() - t0
     block_bounds = attention_block_lipschitz(block, N)
+    try:  # the certification module's S3 bound for the same vector field, as a cross-check
+        from lipcheck.bounds import vector_field_lipschitz
+        block_bounds["bounds_vector_field_lipschitz_global"] = float(
+            vector_field_lipschitz(block, states=curves["vector_field"].X.to(torch.float64)).global_bound)
+    except (ImportError, AttributeError, NotImplementedError, TypeError, ValueError) as err:
+        block_bounds["bounds_vector_field_lipschitz_global"] = f"unavailable: {err}"
 
     # 3. SSoG at the same width, same grid: affine, so its constant is one number for every radius
     torch.manual_seed(args.seed)
     ssog_model = vit_from_preset("ti", "ode", "ssog", dtype=torch.float64)
+    t0 = time.perf_counter()
     ssog_L, ssog_how = ssog_exact(ssog_model.vector_field.block.mixer, H, W)
+    times["ssog_exact"] = time.perf_counter() - t0
 
     # 4. batched vs a Python loop over restarts (must-show 4)
+    t0 = time.perf_counter()
     bench = [benchmark_batched_vs_loop(attn, 64.0, (H, W), restarts=64, steps=cfg["bench_steps"],
                                        power_warmup=cfg["bench_steps"], device=device, dtype=dt, seed=args.seed)
              for dt in (torch.float64, torch.float32)]
+    times["benchmark"] = time.perf_counter() - t0
     total = time.perf_counter() - t_start
 
     data = {"mode": mode, "grid": [H, W], "radii": radii, "curves": {k: v.as_dict() for k, v in curves.items()},
@@ -224,8 +234,11 @@ def render(data, curves, radii, attn_upper, bb, ssog_L, ssog_how, bench, args) -
               f"The upper bounds (`lipcheck.bounds.attention.attention_block_lipschitz`) are "
               f"Lip(Attn on the LN image) x Lip(LN1) = {bb['attention_on_ln_image']:.4g} x {bb['lip_ln1']:.4g} for the "
               f"branch, plus Lip(MLP) Lip(LN2) = {bb.get('lip_mlp', 0):.4g} x {bb.get('lip_ln2', 0):.4g} for F. "
+              + (f"`lipcheck.bounds.vector_field_lipschitz(block, states).global_bound` gives "
+                 f"{bb['bounds_vector_field_lipschitz_global']:.6g} for F. "
+                 if isinstance(bb.get("bounds_vector_field_lipschitz_global"), float) else "") +
               "Both are global and finite, as S4 says for pre-LN attention, and both are large: LayerNorm's "
-              "global constant max|gamma| / sqrt(eps) = 1000 (eps = 1e-6) is attained at zero-variance tokens, "
+              f"global constant max|gamma| / sqrt(eps) = {bb['lip_ln1']:.4g} is attained at zero-variance tokens, "
               "which the probe finds at every radius, so the measured constant is large already at R = 1 and "
               "then flat. The gap to the upper bound is the slack of the triangle inequalities in the attention "
               "bound on the LN image, not growth.", "",
