@@ -420,6 +420,33 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed) 
                f"{'holds in every row' if nm == 0 else f'fails in {nm} of {len(verdicts)} rows'}. "
                "Against fused SDPA, which never stores the N x N weights, the memory ratio is reported as measured. "
                "The paper's percentages are against its attention baseline on a GPU; ours are on the device above.", ""]
+    # Backends
+    from lipcheck.mixers.ssog import COST_WEIGHTS
+    used = sorted({(r["resolution"], r["ssog"]["backend"]) for r in rows if r["ssog"]["backend"]})
+    md += ["## SSoG backends", "",
+           "All backends live in one table (`lipcheck.mixers.ssog.BACKENDS`) and read the same taps "
+           "g(k; mu, sigma) from `lipcheck.gaussian`; the tests check each against the dense operator to 1e-10 "
+           "in float64, forward and backward (x, alpha, mu, sigma).", "",
+           "- `matmul`: dense axis factors through `einsum` (the reference semantics).",
+           "- `stacked`: dense axis factors as two GEMMs per head with the M components stacked: "
+           "[G_W^1; ...; G_W^M] (MW x W) applied to every (W x d) slab in place, then [alpha_m G_H^m] with columns "
+           "ordered (k, m) (H x HM), so the component sum happens inside the GEMM's contraction.",
+           "- `truncated`: per component, depthwise convolutions along x and y with the taps cut at radius "
+           "r = min(n - 1, ceil(max(|mu| + t sigma))), t = sqrt(2 ln(2 (1 + sigma/t0) / tol)), "
+           "t0 = sqrt(2 ln(2/tol)). Bound: the dropped mass of each normalised 1-D factor is at most "
+           "2 exp(-t^2/2) (1 + sigma/t) <= tol, so every output entry is off by at most "
+           "sum_m |alpha_m| (2 tol + tol^2) max|v|; tol = eps(dtype)/4 (5.6e-17 in float64, 3.0e-8 in float32), "
+           "below the rounding of the kept sum. A radius of n - 1 keeps every offset: exact.",
+           "- `fft`: 2-D FFT of the summed kernel sum_m alpha_m g_y (x) g_x, zero-padded to the smallest "
+           "2^a 3^b 5^c >= 2n - 1 per axis (linear, not circular, convolution); cost independent of M and sigma.",
+           "- `auto` (used for every model above): the cheapest backend under a cost model, in GEMM multiply-add "
+           f"units per channel: stacked M N (H + W) x {COST_WEIGHTS['stacked']:g}, truncated N sum_m (2 r_x,m + "
+           f"2 r_y,m + 2) x {COST_WEIGHTS['truncated']:g}, fft L log2 L x {COST_WEIGHTS['fft']:g} "
+           "(weights measured on this 2-core AVX2 CPU; a GPU would want its own).", "",
+           "Backend chosen by `auto` per resolution (initial kernels: widths log-uniform in [0.5, 4], "
+           "offsets in [-2, 2]): " + (", ".join(f"{r}: {b}" for r, b in used) or "-") + ". "
+           "At these grids (14 to 64 tokens a side) the truncation radius for sigma near 4 is comparable to the "
+           "grid, so the dense stacked GEMMs win; truncation pays on larger grids or narrower kernels.", ""]
     # 3. trend
     md += ["## 3. Trend with resolution", "",
            "Exponents p of least-squares fits t ~ N^p (seconds per image, inference) and of the speed-up "

@@ -35,7 +35,7 @@ def grads(fn, v, alpha, mu, sigma, R):
     return [t.grad for t in leaves]
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=12)
 @given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
        B=st.integers(1, 2), seed=st.integers(0, 2**31 - 1))
 def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
@@ -77,7 +77,7 @@ def test_module_equals_sum_of_heads_with_projections(backend):
     K, P = layer.operator_matrix(H, W), layer.head_projections()
     ref = torch.einsum("hnk,bkc,hcf->bnf", K, X.reshape(2, H * W, 12), P) + layer.o_proj.bias
     out = layer(X).reshape(2, H * W, 12)
-    assert (out - ref).abs().max() <= TOL * max(1.0, float(ref.abs().max()))
+    assert (out - ref).abs().max() <= TOL * max(1.0, float(ref.detach().abs().max()))
 
 
 def test_taps_are_the_axis_matrix_entries():

@@ -1,0 +1,159 @@
+"""lipcheck.bench and experiments/throughput.py: multiply-add counts against torch's own FLOP counter,
+memory measurement against an allocation of known size, out-of-memory and bad input handling, and
+the report's ratios against hand-built results. Nothing here times anything."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lipcheck import bench
+from lipcheck.mixers import DenseAttention, SSoG
+from lipcheck.models.vit import ViT
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import throughput  # noqa: E402
+
+
+def counted_macs(fn) -> int:
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return fc.get_total_flops() // 2  # one multiply-add = two flops
+
+
+@pytest.mark.parametrize("H,W", [(4, 4), (3, 5)])
+def test_mixer_macs_match_torch_flop_counter(H, W):
+    C, h, M = 12, 3, 2
+    x = torch.randn(1, H, W, C)
+    att = DenseAttention(C, h, backend="math")
+    assert counted_macs(lambda: att(x)) == bench.mixer_macs("attention", H, W, C)
+    ssog = SSoG(C, h, M, backend="matmul")  # dense axis factors, the counted model
+    assert counted_macs(lambda: ssog(x)) == bench.mixer_macs("ssog", H, W, C, M)
+
+
+@pytest.mark.parametrize("mixer", ["ssog", "attention"])
+def test_model_macs_match_torch_flop_counter(mixer):
+    cfg = dict(img_size=32, patch_size=8, dim=24, depth=2, num_heads=3, num_classes=5, ssog_backend="matmul",
+               attn_backend="math")
+    model = ViT("discrete", mixer, **cfg)
+    images = torch.randn(2, 3, 32, 32)
+    expected = bench.model_macs(mixer, 32, dim=24, depth=2, patch_size=8, num_classes=5, batch=2)
+    assert counted_macs(lambda: model(images)) == expected
+
+
+def test_mac_ratios_of_the_issue():
+    """The multiply-add ratios the targets are stated in, recomputed from the formulas' parts."""
+    N, C, M = 4096, 384, 4
+    att = 4 * N * C * C + 2 * N * N * C
+    ssog = 2 * N * C * C + C * M * N * (64 + 64)
+    assert bench.mixer_macs("sdpa", 64, 64, C, M) == att
+    assert bench.mixer_macs("ssog", 64, 64, C, M) == ssog
+    assert abs(att / ssog - 7.6) < 0.05  # 15.3 vs 2.0 GMAC
+    for dim, ratio in ((192, 4.3), (384, 3.0), (768, 2.1)):
+        r = bench.block_macs("attention", 64, 64, dim) / bench.block_macs("ssog", 64, 64, dim)
+        assert abs(r - ratio) < 0.1
+
+
+def test_fit_exponent_recovers_a_power_law():
+    N = [196, 576, 1024, 2304, 4096]
+    assert abs(bench.fit_exponent(N, [3e-7 * n**1.5 for n in N]) - 1.5) < 1e-12
+    assert math.isnan(bench.fit_exponent([1], [1]))
+
+
+def test_bad_resolution_is_a_clear_error():
+    with pytest.raises(ValueError, match="multiple of the patch size 16"):
+        bench.check_resolution(1000, 16)
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        throughput.main(["--resolutions", "225", "--docs", "/nonexistent"])
+    with pytest.raises(ValueError, match="unknown SSoG backend 'nope'"):
+        throughput.main(["--ssog-backend", "nope", "--docs", "/nonexistent"])
+    with pytest.raises(ValueError, match="unknown width"):
+        throughput.main(["--widths", "xl", "--docs", "/nonexistent"])
+
+
+def test_peak_memory_is_what_the_step_adds():
+    """A step that writes a 64 MiB tensor adds 64 MiB (plus interpreter noise) to the peak resident size."""
+    size = 64 * 2**20
+
+    def step():
+        t = torch.ones(size // 4)
+        assert float(t[-1]) == 1.0
+
+    _, peak = bench.timed_step(step, torch.device("cpu"))
+    assert size - 2 * 2**20 <= peak <= size + 24 * 2**20  # other pages may be released meanwhile
+    _, idle = bench.timed_step(lambda: None, torch.device("cpu"))
+    assert idle < 8 * 2**20
+
+
+def test_sampler_fallback_sees_a_transient_allocation():
+    s = bench._RssSampler(interval=0.0005)
+    s.start()
+    t = torch.ones(48 * 2**20 // 4)
+    import time
+    time.sleep(0.02)
+    base = bench.rss_bytes()
+    del t
+    peak = s.stop()
+    assert peak >= base
+
+
+def test_worker_ok_and_out_of_memory_are_reported():
+    """One subprocess measures a small mixer; one whose N x N weights cannot fit the cap comes back as 'oom'."""
+    ok = bench.run_config(dict(kind="mixer", mixer="ssog", mode="train", grid=6, dim=12, num_heads=3,
+                               num_components=2, warmup=1, repeats=2, threads=1, ssog_backend="auto"), timeout=120)
+    assert ok["status"] == "ok", ok
+    assert ok["repeats"] == 2 and len(ok["times_s"]) == 2 and ok["median_s"] > 0
+    assert ok["images_per_s"] == pytest.approx(1 / ok["median_s"])
+    # explicit attention, 4096 tokens, batch 64: 64 * 3 * 4096^2 * 4 bytes = 12 GiB of weights
+    oom = bench.run_config(dict(kind="mixer", mixer="math", grid=64, dim=12, num_heads=3, batch_size=64,
+                                warmup=0, repeats=1, threads=1), timeout=120, mem_limit_gb=2.0)
+    assert oom["status"] == "oom", oom
+
+
+def test_unknown_mixer_in_a_configuration_is_an_error_result():
+    res = bench.measure(dict(kind="mixer", mixer="linear", grid=2, dim=4, num_heads=1))
+    assert res["status"] == "error" and "unknown mixer" in res["error"]
+
+
+def _fake(cfg, t, peak, nfe=None, status="ok"):
+    r = {"config": cfg, "status": status}
+    if status == "ok":
+        r.update(median_s=t, spread=0.0, peak_bytes=peak, images_per_s=1 / t, ssog_backend_used="stacked")
+        if nfe:
+            r["nfe"] = nfe
+    else:
+        r["error"] = "DefaultCPUAllocator: can't allocate memory"
+    return r
+
+
+def test_report_ratios_and_oom_rows(tmp_path):
+    """analyse/fits/render on hand-built results: speed-up = t_sdpa / t_ssog, fraction of the MAC ratio,
+    memory ratios, fitted exponents, and an out-of-memory configuration shown as such."""
+    rows = []
+    for res in (512, 1024):
+        n = (res // 16) ** 2
+        for mixer, t, peak in (("ssog", 1e-6 * n**1.5, 10e6 * n / 1024), ("sdpa", 1e-6 * n**1.5 * (n / 64) ** 0.5, 9e6),
+                               ("math", 2e-6 * n**1.5 * (n / 64) ** 0.5, 40e6 * (n / 1024) ** 2)):
+            cfg = dict(kind="model", mixer=mixer, mode="inference", width="ti", resolution=res, variant="discrete",
+                       batch_size=1)
+            rows.append(_fake(cfg, t, peak, status="oom" if (mixer == "math" and res == 1024) else "ok"))
+    table = throughput.analyse(rows)["rows"]
+    r512 = next(r for r in table if r["resolution"] == 512)
+    n = 1024
+    assert r512["speedup_vs_sdpa"] == pytest.approx((n / 64) ** 0.5)
+    macs = {m: bench.model_macs(m, 512, dim=192) for m in ("ssog", "sdpa")}
+    assert r512["mac_ratio_vs_sdpa"] == pytest.approx(macs["sdpa"] / macs["ssog"])
+    assert r512["speedup_fraction_of_mac_ratio"] == pytest.approx(r512["speedup_vs_sdpa"] / r512["mac_ratio_vs_sdpa"])
+    assert r512["memory_ratio_vs_math"] == pytest.approx(10e6 / 40e6)
+    r1024 = next(r for r in table if r["resolution"] == 1024)
+    assert r1024["math"]["status"] == "oom" and r1024["memory_ratio_vs_math"] is None
+    fit = throughput.fits(table)["ti/discrete"]
+    assert fit["speedup_vs_sdpa_exponent"] == pytest.approx(0.5)
+    assert fit["time_exponent_ssog"] == pytest.approx(1.5)
+    assert fit["speedup_vs_sdpa_increasing"] is True
+    args = throughput.parse(["--quick"])
+    md, must = throughput.render([], "", table, throughput.fits(table), "cpu: test", args, 1, 60.0)
+    assert "OOM" in md and "math" in md
+    assert must["2_at_top_resolution"][0]["memory_holds"] is False  # no measurement: not claimed
