@@ -1,0 +1,452 @@
+"""Picard-Lindelof checked on the SSoG Neural-ODE ViT (SPEC S5), contrasted with dense attention.
+
+    python experiments/divergence.py [--quick] [--preset tiny|ti|s|b] [--device cpu|cuda] [--seed 0]
+                                     [--json PATH] [--docs DIR]
+
+Tolerance sweeps (dopri5, dopri8, bosh3 adaptive; rk4 fixed step, halved) against a converged
+fixed-step dopri8 reference; perturbation growth against the Gronwall envelope with the certified
+global and local constants; the a-posteriori defect certificate of a loose solve; dense attention at
+input scales 1, 4, 16, 64. Writes docs/divergence.md, docs/figures/divergence_*.png, docs/data/divergence.json.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from lipcheck import report, wellposed  # noqa: E402
+from lipcheck.models.vit import PRESETS, vit_from_preset  # noqa: E402
+
+D = torch.float64
+SETTINGS = {
+    "full": dict(batch=4, tolerances=wellposed.TOLERANCES, rk4_steps=wellposed.RK4_STEPS, grid=128, power_iters=6,
+                 power_steps=32,
+                 cert_tol=1e-3, cert_per_step=64, scales=(1.0, 4.0, 16.0, 64.0), contrast_tols=(1e-3, 1e-6, 1e-9),
+                 contrast_grid=32),
+    "quick": dict(batch=2, tolerances=(1e-2, 1e-4, 1e-6, 1e-8, 1e-10), rk4_steps=(8, 16, 32, 64, 128), grid=32,
+                  power_iters=2, power_steps=16, cert_tol=1e-3, cert_per_step=16, scales=(1.0, 16.0), contrast_tols=(1e-3, 1e-6),
+                  contrast_grid=16),
+}
+
+
+def build_models(preset: str, gain: float, seed: int, device):
+    """Matched SSoG and dense ODE ViTs: same patch embedding, LayerNorms, MLP and value/output projections;
+    every Linear of the block drawn N(0, gain^2 / fan_in) so the field moves the state visibly."""
+    torch.manual_seed(seed)
+    ssog = vit_from_preset(preset, "ode", "ssog", dtype=D, device=device)
+    dense = vit_from_preset(preset, "ode", "attention", dtype=D, device=device)
+    with torch.no_grad():
+        for model in (ssog, dense):
+            for mod in model.vector_field.block.modules():
+                if isinstance(mod, torch.nn.Linear):
+                    mod.weight.normal_(0.0, gain / math.sqrt(mod.in_features))
+        shared = {k: v for k, v in ssog.state_dict().items() if k in dense.state_dict()
+                  and dense.state_dict()[k].shape == v.shape}
+        dense.load_state_dict(shared, strict=False)
+    return ssog, dense
+
+
+def constants_row(model, x0, v=None) -> dict:
+    from lipcheck.bounds import vector_field_lipschitz
+    r = vector_field_lipschitz(model, x0, min_variance=v)
+    return {k: getattr(r, k) for k in ("global_bound", "local_bound", "mixer", "mlp", "ln1_global", "ln2_global",
+                                       "ln1_local", "ln2_local", "vacuous")}
+
+
+def fmt(x, d=3):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{d}g}" if math.isfinite(x) else str(x)
+    return str(x)
+
+
+def run(args) -> tuple[str, dict, list]:
+    cfg = SETTINGS["quick" if args.quick else "full"]
+    device = torch.device(args.device)
+    ssog, dense = build_models(args.preset, args.gain, args.seed, device)
+    gen = torch.Generator().manual_seed(args.seed)
+    images = torch.randn(cfg["batch"], 3, ssog.img_size, ssog.img_size, dtype=D, generator=gen).to(device)
+    kw = dict(device=device, dtype=D, progress=not args.no_progress)
+    timings, data = {}, {}
+
+    start = time.perf_counter()
+    sweeps = {}
+    for name, model in (("ssog", ssog), ("attention", dense)):
+        sweeps[name] = wellposed.tolerance_sweep(model, images, wellposed.METHODS, cfg["tolerances"],
+                                                 rk4_steps=cfg["rk4_steps"], **kw)
+    interp = wellposed.tolerance_sweep(ssog, images, ("dopri8",), cfg["tolerances"], land_on_t1=False,
+                                       reference=sweeps["ssog"].reference, **kw)
+    timings["sweeps"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    growth = wellposed.perturbation_growth(ssog, images, grid=cfg["grid"], power_iters=cfg["power_iters"],
+                                           power_steps=cfg["power_steps"],
+                                           seed=args.seed, device=device, dtype=D)
+    timings["gronwall"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    cert = wellposed.aposteriori_certificate(ssog, images, tol=cfg["cert_tol"], per_step=cfg["cert_per_step"],
+                                             device=device, dtype=D)
+    gentle_model = build_models(args.preset, args.cert_gain, args.seed, device)[0]
+    gentle = wellposed.aposteriori_certificate(gentle_model, images, tol=cfg["cert_tol"],
+                                               per_step=cfg["cert_per_step"], device=device, dtype=D)
+    gentle["gain"] = args.cert_gain
+    timings["certificate"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    contrast, contrast_runs = [], []
+    for name, model in (("ssog", ssog), ("attention", dense)):
+        for s in cfg["scales"]:
+            sw = wellposed.tolerance_sweep(model, images, ("dopri5",), cfg["contrast_tols"], input_scale=s, **kw)
+            g = wellposed.perturbation_growth(model, images, grid=cfg["contrast_grid"], directions=("random",),
+                                              input_scale=s, seed=args.seed, device=device, dtype=D)
+            contrast_runs += sw.runs
+            d = g["directions"]["random"]
+            contrast.append({"mixer": name, "scale": s, "L_global": g["L_global"], "L_local": g["L_local"],
+                             "min_variance": g["min_variance"], "rate_t1": max(d["rate_t1"]),
+                             "max_rate": d["max_rate"], "violations": g["violations"],
+                             "runs": [{k: r[k] for k in ("tol", "nfe", "accepted", "rejected", "error", "seconds")}
+                                      for r in sw.runs]})
+    timings["contrast"] = time.perf_counter() - start
+
+    block_x0 = wellposed.prepare(ssog, images, device=device)[1]
+    constants = {"ssog": constants_row(ssog, block_x0, growth["min_variance"]),
+                 "attention": constants_row(dense, block_x0, growth["min_variance"])}
+    runs = sweeps["ssog"].runs + interp.runs + sweeps["attention"].runs
+    conv = {name: sw.convergence for name, sw in sweeps.items()}
+    conv["ssog_dopri8_interpolated"] = interp.convergence
+    must = must_show(sweeps["ssog"], growth, cert, gentle)
+    data = {
+        "settings": {"preset": args.preset, "quick": args.quick, "gain": args.gain, "seed": args.seed,
+                     "batch": cfg["batch"], "t1": ssog.t1, "grid": list(PRESETS[args.preset].items())},
+        "runs": runs,
+        "reference": {name: sw.reference.summary() for name, sw in sweeps.items()},
+        "convergence": conv,
+        "gronwall": {"violations": growth["violations"]["global"] + growth["violations"]["local"],
+                     "violations_by_constant": growth["violations"], **{k: v for k, v in growth.items()
+                                                                        if k != "violations"}},
+        "certificate": {**time_major(cert), "gentle": time_major(gentle)},
+        "contrast": contrast, "contrast_runs": contrast_runs, "constants": constants, "must_show": must,
+        "seconds": timings,
+    }
+    figures = make_figures(sweeps, interp, growth, (cert, gentle), contrast)
+    return markdown(data, sweeps, interp, growth, (cert, gentle), contrast, constants, must, args), data, figures
+
+
+def time_major(cert: dict) -> dict:
+    """bound, actual, delta as one list per sampled time (of per-sample values), as the JSON keeps them."""
+    return {**cert, **{k: [list(r) for r in zip(*cert[k])] for k in ("bound", "actual", "delta")}}
+
+
+def must_show(sw, growth, cert, gentle) -> dict:
+    conv = sw.convergence["per_method"]
+    adaptive = {m: c["orders_gained"] for m, c in conv.items() if c["kind"] == "adaptive"}
+    tight = sw.convergence["tightest_tol"]
+    at_tight = {r["method"]: r["error"] for r in sw.runs if r["tol"] == tight}
+    rk4 = conv.get("rk4", {})
+    return {
+        "orders_gained": adaptive, "every_adaptive_gains_3_orders": all(v >= 3 for v in adaptive.values()),
+        "dopri_at_tightest": {m: at_tight.get(m) for m in ("dopri5", "dopri8")}, "tightest_tol": tight,
+        "dopri_within_1e-7": all((at_tight.get(m) or 1.0) <= 1e-7 for m in ("dopri5", "dopri8")),
+        "rk4_slope": rk4.get("slope"),
+        "rk4_order_4": rk4.get("slope") is not None and abs(rk4["slope"] - 4) <= 0.3,
+        "gronwall_violations": growth["violations"],
+        "certificate_violations": cert["violations"] + gentle["violations"],
+    }
+
+
+def make_figures(sweeps, interp, growth, cert, contrast) -> list:
+    figs = []
+    marks = {"dopri5": "o-", "dopri8": "s-", "bosh3": "^-", "rk4": "d-"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (name, sw) in zip(axes, sweeps.items()):
+        for m in dict.fromkeys(r["method"] for r in sw.runs):
+            rs = [r for r in sw.runs if r["method"] == m and r["tol"] is not None]
+            if rs:
+                ax.loglog([r["tol"] for r in rs], [r["error"] for r in rs], marks.get(m, "o-"), label=m)
+        if name == "ssog":
+            rs = interp.runs
+            ax.loglog([r["tol"] for r in rs], [r["error"] for r in rs], "s:", color="0.5",
+                      label="dopri8, x(t1) from dense output")
+        tols = [r["tol"] for r in sw.runs if r["tol"] is not None]
+        ax.loglog([max(tols), min(tols)], [max(tols), min(tols)], "k--", lw=0.8, label="error = tol")
+        ax.axhline(sw.reference.error_estimate, color="r", lw=0.8, ls=":", label="reference error estimate")
+        ax.set_xlabel("rtol = atol")
+        ax.set_title(f"{name}: final-state error vs reference")
+        ax.invert_xaxis()
+    axes[0].set_ylabel("max over samples of relative error")
+    axes[0].legend(fontsize=7)
+    figs.append(("divergence_error_vs_tol", fig))
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, sw in sweeps.items():
+        for m in ("dopri5", "dopri8", "bosh3"):
+            rs = [r for r in sw.runs if r["method"] == m]
+            axes[0].loglog([r["tol"] for r in rs], [r["nfe"] for r in rs], marks[m], label=f"{name} {m}",
+                           alpha=1.0 if name == "ssog" else 0.5)
+        rs = [r for r in sw.runs if r["method"] == "rk4"]
+        axes[1].loglog([r["step_size"] for r in rs], [r["error"] for r in rs], "d-", label=f"{name} rk4")
+    h = [r["step_size"] for r in sweeps["ssog"].runs if r["method"] == "rk4"]
+    e = [r["error"] for r in sweeps["ssog"].runs if r["method"] == "rk4"]
+    if h:
+        axes[1].loglog(h, [e[0] * (x / h[0]) ** 4 for x in h], "k--", lw=0.8, label="slope 4")
+    axes[0].set_xlabel("rtol = atol")
+    axes[0].set_ylabel("NFE")
+    axes[0].invert_xaxis()
+    axes[0].legend(fontsize=6)
+    axes[0].set_title("function evaluations")
+    axes[1].set_xlabel("step size")
+    axes[1].set_ylabel("relative error")
+    axes[1].legend(fontsize=7)
+    axes[1].set_title("fixed-step rk4, step halving")
+    figs.append(("divergence_nfe", fig))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    t = growth["t"]
+    for name, d in growth["directions"].items():
+        for i, g in enumerate(d["growth"]):
+            ax.semilogy(t, g, color="C0" if name == "random" else "C1", lw=0.8, label=name if i == 0 else None)
+    ax.semilogy(t, [math.exp(growth["L_local"] * s) for s in t], "k--",
+                label=f"exp(L_local t), L_local = {growth['L_local']:.3g}")
+    ax.set_ylim(0.5, max(10.0, math.exp(min(growth["L_local"], 600) * t[-1])))
+    ax.set_xlabel("t")
+    ax.set_ylabel("||x(t) - y(t)|| / ||x0 - y0||")
+    ax.set_title(f"Gronwall envelope (L_global = {growth['L_global']:.3g}: exp(L t) off the chart)", fontsize=9)
+    ax.legend(fontsize=7)
+    figs.append(("divergence_gronwall", fig))
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, c, what in zip(axes, cert, ("default field", f"gentler field (gain {cert[1].get('gain')})")):
+        for i, (b, a) in enumerate(zip(c["bound"], c["actual"])):
+            ax.semilogy(c["t"][1:], b[1:], color=f"C{i}", lw=1, label="bound" if i == 0 else None)
+            ax.semilogy(c["t"][1:], a[1:], color=f"C{i}", lw=1, ls=":", label="actual error" if i == 0 else None)
+        ax.set_xlabel("t")
+        ax.set_ylabel("||x(t) - y(t)||")
+        ax.set_title(f"{what}: {c['method']} at tol {c['tol']:g}, L = {c['L']:.3g}", fontsize=9)
+        ax.legend(fontsize=7)
+    figs.append(("divergence_certificate", fig))
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for k, name in enumerate(("ssog", "attention")):
+        rows = [c for c in contrast if c["mixer"] == name]
+        s = [c["scale"] for c in rows]
+        tol = rows[0]["runs"][-1]["tol"]
+        axes[0].loglog(s, [c["runs"][-1]["nfe"] for c in rows], "o-", color=f"C{k}", label=f"{name} NFE at tol {tol:g}")
+        axes[1].loglog(s, [c["L_local"] for c in rows], "o-", color=f"C{k}", label=f"{name} L_local")
+        axes[1].loglog(s, [c["L_global"] for c in rows], "s--", color=f"C{k}", label=f"{name} L_global")
+        axes[1].loglog(s, [max(c["max_rate"], 1e-3) for c in rows], "^:", color=f"C{k}",
+                       label=f"{name} measured rate")
+    for ax in axes:
+        ax.set_xlabel("input scale s (x0 -> s x0)")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("NFE (dopri5)")
+    axes[1].set_ylabel("1 / time")
+    figs.append(("divergence_contrast", fig))
+    return figs
+
+
+def markdown(data, sweeps, interp, growth, cert, contrast, constants, must, args) -> str:
+    s = data["settings"]
+    out = [f"# Picard-Lindelof on the Neural-ODE ViT (S5)", "",
+           f"Preset `{s['preset']}`{' (quick)' if s['quick'] else ''}: {s['batch']} random images, random init with "
+           f"every Linear of the block N(0, {s['gain']}^2/fan_in), t1 = {s['t1']}, float64. Errors are per sample, "
+           "relative Frobenius norm of the final (H, W, C) state against the reference, and the table shows the "
+           "worst sample. Adaptive runs use a per-sample error norm and end their last step on t1.", ""]
+    # 1. sweeps
+    for name, sw in sweeps.items():
+        ref = sw.reference
+        out += [f"## Tolerance sweep: {name}", "",
+                f"Reference: fixed-step dopri8 with {ref.steps} steps; successive halvings changed the final state by "
+                + ", ".join(f"{h['change']:.2g} ({h['steps']} steps)" for h in ref.history)
+                + f", so its relative error is at most about {ref.error_estimate:.2g}. "
+                f"Cross-checks: the tightest adaptive runs are "
+                + ", ".join(f"{r['method']} {r['error']:.2g}" for r in sw.runs
+                            if r["tol"] == sw.convergence["tightest_tol"])
+                + f" away and the finest rk4 ({sw.convergence['per_method']['rk4']['finest']['steps']} steps) "
+                f"{sw.convergence['per_method']['rk4']['finest']['error']:.2g}.", ""]
+        rows = []
+        for r in sw.runs:
+            if r["tol"] is None:
+                continue
+            rows.append([r["method"], f"{r['tol']:.0e}", fmt(r["error"]), fmt(r["ratio"]), r["nfe"], r["accepted"],
+                         r["rejected"], f"{r['seconds']:.2f}"])
+        out += [report.md_table(["method", "tol", "error", "error/tol", "NFE", "accepted", "rejected", "s"], rows), ""]
+        rows = [[r["steps"], fmt(r["step_size"]), fmt(r["error"]), r["nfe"], f"{r['seconds']:.2f}"]
+                for r in sw.runs if r["tol"] is None]
+        c = sw.convergence["per_method"].get("rk4")
+        out += [report.md_table(["rk4 steps", "h", "error", "NFE", "s"], rows), ""]
+        if c:
+            out += [f"rk4: fitted slope of log error vs log h {fmt(c['slope'])} over {c['fitted_points']} halvings above "
+                    f"the floor {sw.convergence['floor']:.2g} (100x the reference estimate); observed order per halving "
+                    + ", ".join(f"{o:.2f}" for o in c["order_per_halving"]) + ".", ""]
+        conv = sw.convergence
+        out += ["Fitted slope of log error vs log tol (adaptive, above the floor): "
+                + ", ".join(f"{m} {fmt(c['slope'])}" for m, c in conv["per_method"].items() if c["kind"] == "adaptive")
+                + f"; pooled {fmt(conv['slope'])}. Orders of magnitude gained from tol {max(cfg_tols(sw)):.0e} to "
+                f"{min(cfg_tols(sw)):.0e}: "
+                + ", ".join(f"{m} {c['orders_gained']:.1f}" for m, c in conv["per_method"].items() if c["kind"] == "adaptive")
+                + f". Spread between the methods' final states at tol {conv['tightest_tol']:.0e}: {fmt(conv['spread'])}.", ""]
+    rows = [[f"{r['tol']:.0e}", fmt(r["error"]), r["nfe"]] for r in interp.runs]
+    out += ["### dopri8 with x(t1) read off the dense output (torchdiffeq's default)", "",
+            "Without landing the last step on t1, torchdiffeq overshoots and evaluates its dense output, a quartic for "
+            "every Runge-Kutta method, so dopri8's final state is only as good as that interpolant:", "",
+            report.md_table(["tol", "error", "NFE"], rows), ""]
+    ok = must
+    out += ["### What the sweep shows", "",
+            f"- Every adaptive method's error falls by at least 3 orders from the loosest to the tightest tolerance: "
+            f"**{'yes' if ok['every_adaptive_gains_3_orders'] else 'no'}** "
+            f"({', '.join(f'{m} {v:.1f}' for m, v in ok['orders_gained'].items())}).",
+            f"- dopri5 and dopri8 at {ok['tightest_tol']:.0e} within 1e-7 relative of the reference: "
+            f"**{'yes' if ok['dopri_within_1e-7'] else 'no'}** "
+            f"({', '.join(f'{m} {fmt(v)}' for m, v in ok['dopri_at_tightest'].items())}).",
+            f"- rk4 order 4 +- 0.3: **{'yes' if ok['rk4_order_4'] else 'no'}** (slope {fmt(ok['rk4_slope'])}).",
+            "- Tolerance proportionality is imperfect: error/tol is in the tables above as measured "
+            "(it is not constant, and for some methods not monotone in tol).", ""]
+    # 2. Gronwall
+    gv = growth["violations"]
+    out += ["## Perturbation growth and the Gronwall envelope", "",
+            f"y0 = x0 + eps ||x0|| v, eps = {growth['eps']:g}, v random or the worst case (power iteration on the Jacobian "
+            f"of the flow x0 -> x(t1), {len(growth['power_iteration_sigma'] or [])} samples, estimated ||J|| "
+            + ", ".join(f"{x:.3g}" for x in (growth["power_iteration_sigma"] or [])) + "). Both trajectories in one "
+            f"batch of the fixed-step reference ({growth['reference']['steps']} steps landing on {growth['grid'] + 1} "
+            f"sampled times; error estimate {growth['reference']['error_estimate']:.2g}).", "",
+            report.md_table(["constant", "value", "violations (sampled t x samples x directions)"],
+                            [["L global (LN at 1/sqrt(eps))", fmt(growth["L_global"]), gv["global"]],
+                             [f"L local (token variance >= {growth['min_variance']:.3g} on every segment [x(t), y(t)])",
+                              fmt(growth["L_local"]), gv["local"]]]), "",
+            report.md_table(["direction", "max growth", "growth at t1 (per sample)", "max of log(growth)/t"],
+                            [[n, fmt(d["max_growth"]), ", ".join(f"{x:.3g}" for x in d["growth_t1"]), fmt(d["max_rate"])]
+                             for n, d in growth["directions"].items()]), "",
+            f"Zero violations is the outcome with both constants ({gv['global']} and {gv['local']}), and it is not close "
+            f"for the global one: exp(L_global t1) = 10^{growth['L_global'] / math.log(10):.0f}, vacuous-looking but "
+            f"valid. The local constant is {growth['L_local'] / max(d['max_rate'] for d in growth['directions'].values()):.1f}"
+            f"x the largest measured exponential rate: the S3 bound (triangle inequality over mixer and MLP, LN at the "
+            f"smallest variance) is far from tight, but it is a certificate.", "",
+            "What the local envelope assumes: (i) `lipcheck.bounds.vector_field_lipschitz(block, min_variance=v)` bounds "
+            "||J_F(z)|| at every state z whose tokens all have variance >= v; (ii) the segment [x(t), y(t)] stays in that "
+            "set for every t in [0, t1], which `segment_variance_floor` certifies from the sampled states: per token "
+            "std(b + s(a - b)) >= (std a + std b - std(a - b)) / 2, and between sampled times a token moves at most "
+            f"{growth['speed_bound']:.3g} dt (`token_speed_bound`, from the weights and the LN image radius); (iii) the "
+            "reference trajectories are within their error estimate of the exact ones (added as a margin). Then "
+            "d/dt ||x - y|| <= L ||x - y|| by the mean value theorem on the segment, and Gronwall gives the envelope.", ""]
+    # 3. certificate
+    out += ["## A-posteriori certificate", ""]
+    for c, what in zip(cert, ("the default field", f"a gentler field (same seed, block weights at gain {cert[1].get('gain')})")):
+        out += [f"### On {what}", "",
+                f"{c['method']} at rtol = atol = {c['tol']:g} ({c['accepted']} accepted, {c['rejected']} rejected steps, "
+                f"{c['nfe']} NFE). y(t): the solver's dense output at {len(c['t'])} times through `integrate`; y'(t): "
+                "the derivative of the quartic that is torchdiffeq's dense output on each step, fitted exactly from the "
+                f"samples (round-off margin {c['derivative_roundoff_margin']:.2g} per entry added to ||delta||). "
+                f"delta = y' - F(y), largest ||delta|| {c['max_delta']:.3g}. Bound int_0^t exp(L (t - s)) ||delta(s)|| ds "
+                f"with the local L = {c['L']:.4g} (token variance >= {c['min_variance']:.3g} on every segment "
+                "[x(s), y(s)], certified as for the Gronwall envelope).", "",
+                "Quadrature: ||delta|| on each sample interval taken as its larger endpoint value, the exponential "
+                f"integrated exactly, plus an explicit safety margin of {c['safety']:g}x the change when every other "
+                f"sample is dropped (largest relative change {c['quadrature_change']:.2g}). This is not interval-rigorous "
+                "between samples; the rigorous Lipschitz-in-time margin M tau / 2 (M = sup||y''|| + L sup||y'||) would "
+                f"add up to {c['rigorous_margin_max']:.3g}, far more than ||delta|| itself, because it ignores "
+                f"y'' ~ J_F y'. With the global L the factor exp(L t1) alone is 10^{c['global_factor_log10_t1']:.0f}.", "",
+                report.md_table(["sample", "bound at t1", "actual at t1", "bound / actual"],
+                                [[i, fmt(b), fmt(a), fmt(b / a if a > 0 else math.inf)]
+                                 for i, (b, a) in enumerate(zip(c["bound_t1"], c["actual_t1"]))]), "",
+                f"Over all {len(c['t']) - 1} sampled times after t = 0 and every sample, the bound is below the actual "
+                f"error {c['violations']} times; bound / actual ranges from {c['min_ratio']:.3g} to {c['max_ratio']:.3g}"
+                + (" - valid but vacuous: exp(L t1) = " + f"{math.exp(min(c['L'], 700)):.2g} amplifies the defect far "
+                   "beyond the state's own size" if c["min_ratio"] > 1e6 else "")
+                + ". The actual error is measured against a fixed-step dopri8 reference landing on every sampled time "
+                f"(error estimate {c['reference']['error_estimate']:.2g}).", ""]
+    # 4. contrast
+    rows = []
+    for r in contrast:
+        rows.append([r["mixer"], fmt(r["scale"]), " / ".join(str(x["nfe"]) for x in r["runs"]),
+                     " / ".join(str(x["rejected"]) for x in r["runs"]), fmt(r["L_global"]), fmt(r["L_local"]),
+                     fmt(r["max_rate"]), r["violations"]["local"] + r["violations"]["global"]])
+    tols = " / ".join(f"{x['tol']:.0e}" for x in contrast[0]["runs"])
+    ratio_g = [a["L_global"] / b["L_global"] for a in contrast if a["mixer"] == "attention"
+               for b in contrast if b["mixer"] == "ssog" and b["scale"] == a["scale"]]
+    ratio_l = [a["L_local"] / b["L_local"] for a in contrast if a["mixer"] == "attention"
+               for b in contrast if b["mixer"] == "ssog" and b["scale"] == a["scale"]]
+    cs, ca = constants["ssog"], constants["attention"]
+    out += ["## Dense attention contrast", "",
+            f"The same ODE ViT with dense attention (same embedding, LayerNorms, MLP and value/output projections), "
+            f"x0 scaled by s. NFE and rejected steps of dopri5 at tol {tols}; L from `vector_field_lipschitz` (global; "
+            "local on the segments as above); measured rate = max over t of log(growth)/t of a random perturbation; "
+            "violations of the Gronwall envelope (both constants).", "",
+            report.md_table(["mixer", "s", f"NFE ({tols})", "rejected", "L global", "L local", "measured rate",
+                             "violations"], rows), "",
+            "Constants at s = 1 (vector_field_lipschitz): "
+            f"SSoG mixer {cs['mixer']:.4g}, dense attention mixer {ca['mixer']:.4g} (its bound on the LN image "
+            f"ball, `attention_lipschitz_on_ball`); MLP {cs['mlp']:.4g}; global F: SSoG {cs['global_bound']:.4g}, "
+            f"dense {ca['global_bound']:.4g}.", "",
+            "What the numbers show: pre-LN makes the dense field globally Lipschitz too, since LayerNorm maps every "
+            "token into a ball and attention is Lipschitz on bounded sets; its certified constant is larger than "
+            f"SSoG's by a factor {min(ratio_g):.3g} to {max(ratio_g):.3g} (global) and {min(ratio_l):.3g} to "
+            f"{max(ratio_l):.3g} (local). Scaling the input does not make either field stiffer: LayerNorm divides by "
+            "the token scale, so the local constants fall roughly like 1/s and the NFE does not grow with s. Neither "
+            "field diverges at any scale here; the difference between the mixers is in the size of the certified "
+            "constant, not in observed blow-up.", ""]
+    out += ["## Regenerate", "", f"`python experiments/divergence.py{' --quick' if s['quick'] else ''}"
+            f"{'' if s['preset'] == 'tiny' else ' --preset ' + s['preset']}` (or `lipcheck wellposed`). Phase times (s): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in data["seconds"].items()) + ".", "",
+            "![error vs tolerance](figures/divergence_error_vs_tol.png)", "",
+            "![NFE and rk4 order](figures/divergence_nfe.png)", "",
+            "![Gronwall](figures/divergence_gronwall.png)", "",
+            "![certificate](figures/divergence_certificate.png)", "",
+            "![contrast](figures/divergence_contrast.png)", ""]
+    return "\n".join(out)
+
+
+def cfg_tols(sw):
+    return [r["tol"] for r in sw.runs if r["tol"] is not None]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a reduced run (under a minute on a CPU)")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model width preset (default tiny)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gain", type=float, default=1.0,
+                   help="block Linear weights ~ N(0, gain^2/fan_in) (default 1)")
+    p.add_argument("--cert-gain", type=float, default=0.5,
+                   help="gain of the gentler field on which the certificate is also shown (default 0.5)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the tensors are small and threads only contend)")
+    p.add_argument("--json", type=Path, default=None, help="also write the numbers to this path")
+    p.add_argument("--docs", type=Path, default=None, help="docs directory (default: the repository's docs/)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for name in ("gain", "cert_gain"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
+            p.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        st = report.stamp(device=args.device)
+        start = time.perf_counter()
+        md, data, figures = run(args)
+        data["seconds"]["total"] = time.perf_counter() - start
+        for name, fig in figures:
+            report.save_figure(fig, name, st, docs=args.docs)
+        path = report.write_report("divergence", md, data, st, docs=args.docs, json_path=args.json)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"wrote {path} in {data['seconds']['total']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

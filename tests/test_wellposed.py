@@ -1,0 +1,226 @@
+"""lipcheck.wellposed: tolerance sweeps, Gronwall growth and the a-posteriori certificate, checked against
+exact solutions (the linear field F(x) = T x + b solved by expm) and known convergence orders."""
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipcheck import IntegrationError, ViT, vit_from_preset
+from lipcheck import wellposed as wp
+
+D = torch.float64
+LINEAR = dict(img_size=12, patch_size=4, dim=12, num_heads=3, num_components=2, depth=1, num_classes=3,
+              use_norm=False, use_mlp=False)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tensors are tiny: one thread is faster than two contending ones on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def linear_model(seed=0, scale=0.3):
+    """ODE ViT with F(x) = T x + b exactly: no LayerNorm, no MLP, frozen kernels."""
+    torch.manual_seed(seed)
+    model = ViT("ode", "ssog", dtype=D, **LINEAR)
+    layer = model.vector_field.block.mixer.freeze_kernels()
+    with torch.no_grad():
+        for p in (layer.v_proj.weight, layer.o_proj.weight):
+            p.normal_(std=scale)
+        layer.o_proj.bias.normal_()
+    return model, layer
+
+
+def augmented_matrix(layer, H, W):
+    """[[T, b], [0, 0]] on row-major vec(X), T = sum_h kron(K_h, P_h^T), b tiled over tokens."""
+    K = layer.operator_matrix(H, W).detach()
+    P = layer.head_projections().detach()
+    T = sum(torch.kron(K[h].contiguous(), P[h].T.contiguous()) for h in range(layer.num_heads)).numpy()
+    b = np.tile(layer.o_proj.bias.detach().numpy(), H * W)
+    n = T.shape[0]
+    A = np.zeros((n + 1, n + 1))
+    A[:n, :n], A[:n, n] = T, b
+    return A, T
+
+
+def exact(A, x0, t):
+    """Rows of exp(A t) [vec x0; 1] for every sample of x0 (B, H, W, C)."""
+    n = A.shape[0] - 1
+    Z = np.concatenate([x0.reshape(x0.shape[0], -1).numpy(), np.ones((x0.shape[0], 1))], axis=1)
+    return (scipy.linalg.expm(A * t) @ Z.T).T[:, :n]
+
+
+def test_linear_sweep_reference_and_errors_match_expm():
+    model, layer = linear_model()
+    images = torch.randn(2, 3, 12, 12, dtype=D)
+    x0 = model.embed(images).detach()
+    A, _ = augmented_matrix(layer, 3, 3)
+    truth = exact(A, x0, model.t1)
+    res = wp.tolerance_sweep(model, images, ("dopri5", "dopri8", "rk4"), (1e-3, 1e-6, 1e-10),
+                             rk4_steps=(8, 16, 32), progress=False)
+    ref = res.reference.states[-1].reshape(2, -1).numpy()
+    rel = np.linalg.norm(ref - truth, axis=1) / np.linalg.norm(truth, axis=1)
+    assert rel.max() < 1e-12, rel  # the converged reference is the exact solution to ~1e-12
+    assert rel.max() <= 10 * res.reference.error_estimate + 1e-15  # and its estimate is honest
+    assert np.linalg.norm(truth - x0.reshape(2, -1).numpy()) > 0.1  # the flow moved the state
+    for r in res.runs:  # the reported error is the error against the exact solution
+        key = (r["method"], r["tol"] if r["tol"] is not None else r["steps"])
+        got = res.finals[key].reshape(2, -1).numpy()
+        err = np.linalg.norm(got - truth, axis=1) / np.linalg.norm(truth, axis=1)
+        assert abs(err.max() - r["error"]) <= 1e-11 + 1e-6 * r["error"], (r, err)
+    tight = {r["method"]: r["error"] for r in res.runs if r["tol"] == 1e-10}
+    assert tight["dopri5"] < 1e-8 and tight["dopri8"] < 1e-8
+
+
+def test_linear_gronwall_and_power_iteration_against_expm():
+    model, layer = linear_model(seed=1)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    A, T = augmented_matrix(layer, 3, 3)
+    g = wp.perturbation_growth(model, images, grid=16, power_iters=8, power_steps=32, eps=1e-2)
+    # linear flow: y - x = exp(T t)(y0 - x0), so the worst growth at t1 is ||exp(T t1)||_2
+    top = np.linalg.norm(scipy.linalg.expm(T * model.t1), 2)
+    worst = g["directions"]["worst"]["growth_t1"][0]
+    assert worst <= top * (1 + 1e-6) and worst >= top * (1 - 2e-2), (worst, top)
+    # with no LayerNorm the local constant is the global one, ||T||_2 <= L; no sampled time exceeds exp(L t)
+    assert g["L_local"] == g["L_global"] >= np.linalg.norm(T, 2) * (1 - 1e-9)
+    assert g["violations"] == {"global": 0, "local": 0}
+    for d in g["directions"].values():
+        for k, tk in enumerate(g["t"]):
+            assert d["growth"][0][k] <= math.exp(np.linalg.norm(T, 2) * tk) * (1 + 1e-9)
+
+
+def test_linear_certificate_bounds_the_exact_error():
+    model, layer = linear_model(seed=2)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    A, T = augmented_matrix(layer, 3, 3)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    # the dense output it certified, recomputed, against the exact solution at every sampled time
+    block, x0, _ = wp.prepare(model, images)
+    y, _ = wp.solve(block, x0, torch.tensor(c["t"], dtype=D), "dopri5", tol=1e-3)
+    truth = np.stack([exact(A, x0, t)[0] for t in c["t"]])
+    err = np.linalg.norm(y[:, 0].reshape(len(c["t"]), -1).numpy() - truth, axis=1)
+    assert np.allclose(err, c["actual"][0], rtol=1e-6, atol=1e-12)  # "actual" is the true error
+    assert 1e-8 < err.max() < 1e-1  # a loose solve: a visible error, far below the state
+    assert c["L"] >= np.linalg.norm(T, 2) * (1 - 1e-9)  # no LayerNorm: the constant is global, >= ||T||
+    assert c["violations"] == 0
+    assert np.all(np.array(c["bound"][0][1:]) >= err[1:])
+
+
+def test_tiny_model_sweep_converges():
+    torch.manual_seed(0)
+    model = vit_from_preset("tiny", "ode", "ssog", dtype=D)
+    with torch.no_grad():  # O(1) weights: a field that moves the state (as the experiment's default)
+        for mod in model.vector_field.block.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.normal_(0.0, 1.0 / math.sqrt(mod.in_features))
+    images = torch.randn(1, 3, 32, 32, dtype=D)
+    res = wp.tolerance_sweep(model, images, ("dopri5", "dopri8", "rk4"), (1e-2, 1e-6, 1e-10),
+                             rk4_steps=(8, 16, 32, 64), progress=False)
+    assert res.reference.error_estimate < 1e-12
+    conv = res.convergence["per_method"]
+    for m in ("dopri5", "dopri8"):
+        assert conv[m]["orders_gained"] >= 3, conv[m]
+        assert conv[m]["tightest"]["error"] < 1e-7
+    assert abs(conv["rk4"]["slope"] - 4) <= 0.3, conv["rk4"]
+    assert all(3.5 < o < 4.5 for o in conv["rk4"]["order_per_halving"])
+    assert res.convergence["spread"] < 1e-7  # one limit trajectory
+    for r in res.runs:
+        if r["tol"] is not None:  # step accounting: every accepted or rejected attempt costs its stages
+            stages = wp.STAGES[r["method"]]
+            assert r["nfe"] >= stages * (r["accepted"] + r["rejected"])
+        else:
+            assert r["nfe"] == 4 * r["steps"] and r["accepted"] == r["steps"]
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.floats(1e-3, 10.0))
+def test_segment_variance_floor_is_a_lower_bound(seed, s, scale):
+    g = torch.Generator().manual_seed(seed)
+    xa = torch.randn(2, 1, 2, 2, 5, dtype=D, generator=g) * scale
+    xb = xa + torch.randn(2, 1, 2, 2, 5, dtype=D, generator=g) * scale * 0.5
+    floor = wp.segment_variance_floor(xa, xb, 0.0, 0.0)
+    z = xb + s * (xa - xb)  # any point of the segments, at either sampled time
+    assert float(z.var(dim=-1, unbiased=False).min()) >= floor * (1 - 1e-12) - 1e-15
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.integers(0, 10_000), st.sampled_from(["ssog", "attention"]), st.floats(0.01, 100.0))
+def test_token_speed_bound_holds(seed, mixer, scale):
+    torch.manual_seed(seed)
+    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=2, depth=1)
+    block = model.vector_field.block
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)
+    x = torch.randn(3, 4, 4, 8, dtype=D) * scale
+    with torch.no_grad():
+        speed = float(block.vector_field(x).norm(dim=-1).max())
+    assert speed <= wp.token_speed_bound(block) * (1 + 1e-12)
+
+
+def test_quartic_fit_differentiates_exactly():
+    x = torch.linspace(0, 1, 9, dtype=D)
+    c = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7], dtype=D)
+    Y = sum(c[k] * x ** k for k in range(5))[:, None]
+    coef, slope_err = wp._quartic_fit(x, Y)
+    assert torch.allclose(coef[:, 0], c, atol=1e-12)
+    assert slope_err < 1e-11
+
+
+# ------------------------------------------------------------------------------------------- bad inputs
+
+class Blowup(torch.nn.Module):
+    """x' = x^2 from x0 = 1: x(t) = 1 / (1 - t), infinite at t = 1."""
+    def vector_field(self, x):
+        return x * x
+
+
+class NaNField(torch.nn.Module):
+    def vector_field(self, x):
+        return torch.where(x > 1.5, torch.full_like(x, float("nan")), torch.ones_like(x))
+
+
+def test_bad_tolerances_and_methods_raise_clear_errors():
+    model, _ = linear_model()
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    for bad in (0.0, -1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="tolerances must be positive"):
+            wp.tolerance_sweep(model, images, ("dopri5",), (1e-3, bad), progress=False)
+    with pytest.raises(ValueError, match="unknown solver method 'rk45'"):
+        wp.tolerance_sweep(model, images, ("dopri5", "rk45"), (1e-3,), progress=False)
+    with pytest.raises(ValueError, match="at least one"):
+        wp.tolerance_sweep(model, images, (), (1e-3,), progress=False)
+    with pytest.raises(ValueError, match="ODE ViT"):
+        wp.tolerance_sweep(ViT("discrete", "ssog", **LINEAR), images, ("dopri5",), (1e-3,), progress=False)
+    with pytest.raises(ValueError, match="eps must be"):
+        wp.perturbation_growth(model, images, eps=0.0)
+    with pytest.raises(ValueError, match="per_step"):
+        wp.aposteriori_certificate(model, images, per_step=5)
+    with pytest.raises(ValueError, match="adaptive"):
+        wp.aposteriori_certificate(model, images, method="rk4")
+    with pytest.raises(ValueError, match="images must be finite"):
+        wp.tolerance_sweep(model, images * float("nan"), ("dopri5",), (1e-3,), progress=False)
+
+
+def test_solver_failures_raise_integration_error_with_t_nfe_and_norm():
+    x0 = torch.ones(1, 1, 1, 1, dtype=D)
+    t = torch.tensor([0.0, 2.0], dtype=D)
+    # blow-up at t = 1: the adaptive step underflows or the state turns non-finite, never a silent number
+    with pytest.raises(IntegrationError) as e:
+        wp.solve(Blowup(), x0, t, "dopri5", tol=1e-8)
+    assert 0.9 < e.value.t <= 1.0 + 1e-6 and e.value.nfe > 10 and e.value.state_norm > 1e3
+    # too many steps
+    with pytest.raises(IntegrationError, match="too many steps") as e:
+        wp.solve(Blowup(), x0, torch.tensor([0.0, 0.99], dtype=D), "dopri5", tol=1e-10, max_num_steps=3)
+    assert e.value.nfe > 0 and e.value.t > 0 and e.value.state_norm >= 1.0
+    # a non-finite state: F turns NaN once x passes 1.5 (x' = 1 from 1, so at t = 0.5)
+    with pytest.raises(IntegrationError, match="non-finite") as e:
+        wp.solve(NaNField(), x0, t, "rk4", steps=8)
+    assert 0.5 <= e.value.t <= 1.0 and e.value.nfe > 0 and not math.isfinite(e.value.state_norm)
