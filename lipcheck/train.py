@@ -313,7 +313,7 @@ def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainCon
     spec = dict(spec or {})
     size = model.img_size
 
-    use_amp = cfg.amp and device.type == "cuda"
+    use_amp = cfg.amp and device.type == "cuda" and dtype == torch.float32  # float64 runs stay float64
     amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
 
