@@ -14,8 +14,9 @@ Search. For each radius R, all restarts move together as one batched tensor comp
 singular vector v of J(X) and one projected ascent step on X along grad_X ||J(X) v|| (the gradient
 of the top singular value, by the envelope theorem), onto the ball ||X||_F <= R. Steps that do not
 improve are undone with a halved step, so a restart never ends below its start. Starts: the best
-input of the previous radius (inside the larger ball, so L never decreases along the radii), the
-structured witnesses below, then random inputs on the sphere.
+input of the previous radius (inside the larger ball) with its certified singular vector, the
+structured witnesses below, then random inputs on the sphere. Since L is nondecreasing in R, a radius
+whose own certified value falls below the previous one reports the previous input and value.
 
 Certification. Every reported value is ||J(X) v|| / ||v|| re-evaluated in float64 at the returned
 X (||X||_F <= R checked in float64) and an actual vector v: a Jacobian norm attained at an actual
@@ -502,8 +503,7 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
     module = _as_map(layer)
     map_name = type(layer).__name__ + (f"[{layer.branch}]" if isinstance(layer, BlockMap) else "")
     N = H * W
-    p0 = next(module.parameters(), None)
-    if p0 is None:
+    if next(module.parameters(), None) is None:
         raise ValueError("layer has no parameters; nothing to probe")
     C = _infer_channels(module)
     f64 = _functional(copy.deepcopy(module), H, W, device=device, dtype=torch.float64)  # before any downcast
@@ -514,11 +514,10 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
     dirs = []
     if witnesses and isinstance(layer, DenseAttention) and N >= 3:
         dirs = list(witness_directions(layer, device=device).values())
-    n_wit = len(dirs)
     is_ln_map = any(isinstance(m, nn.LayerNorm) for m in module.modules())
 
     lower, search, wit_vals, Xs, vs = [], [], [], [], []
-    prev = None
+    prev = prev_v = None
     it = radii
     if progress:
         from tqdm import tqdm
@@ -541,9 +540,14 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
         if n_rand:
             X = torch.cat([X, _sphere(rand(n_rand, N, C), R)])
             kinds += ["random"] * n_rand
-        best, bestX, bestv = ascend(f, X, R, steps=steps, lr=lr, power_warmup=power_warmup, generator=gen)
+        V0 = rand(X.shape[0], N, C)
+        if prev is not None:  # the previous radius's certified singular vector: its value is known, keep it
+            V0[0] = prev_v.to(dtype)
+        best, bestX, bestv = ascend(f, X, R, steps=steps, lr=lr, power_warmup=power_warmup, v0=V0)
         # float64 re-evaluation of the most promising restarts
         top = torch.argsort(best, descending=True)[:certify_top]
+        if prev is not None and 0 not in top.tolist():  # always re-certify the previous radius's input
+            top = torch.cat([top, torch.zeros(1, dtype=top.dtype, device=top.device)])
         wit_idx = [i for i, k in enumerate(kinds) if k == "witness"]
         if wit_idx:  # also certify the best witness-started restart, to report what the witnesses reach
             wi = max(wit_idx, key=lambda i: float(best[i]))
@@ -552,15 +556,19 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
         X64 = bestX[top].to(torch.float64)
         n64 = X64.flatten(1).norm(dim=1).reshape(-1, 1, 1)
         X64 = torch.where(n64 > R * (1 - 1e-13), X64 * (R * (1 - 1e-12) / n64), X64)  # strictly inside, in float64
-        assert bool((X64.flatten(1).norm(dim=1) <= R).all()), "certified inputs must lie in the ball"
+        if not bool((X64.flatten(1).norm(dim=1) <= R).all()):
+            raise RuntimeError(f"internal error: a certified input left the ball ||X||_F <= {R}")
         val64, v64 = certify(f64, X64, bestv[top].to(torch.float64), method=certify_method, steps=certify_steps,
                              generator=gen)
         j = int(torch.argmax(val64))
-        lower.append(float(val64[j])); search.append(float(best.max()))
-        Xs.append(X64[j].detach().clone()); vs.append(v64[j].detach().clone())
+        Xj, vj, Lj = X64[j].detach().clone(), v64[j].detach().clone(), float(val64[j])
+        if lower and lower[-1] > Lj:  # L is nondecreasing in R: the previous input, inside this ball, is better
+            Xj, vj, Lj = Xs[-1].clone(), vs[-1].clone(), lower[-1]
+        lower.append(Lj); search.append(float(best.max()))
+        Xs.append(Xj); vs.append(vj)
         w = [float(val64[i]) for i, t in enumerate(top.tolist()) if kinds[t] == "witness"]
         wit_vals.append(max(w) if w else float("nan"))
-        prev = X64[j].detach().clone()
+        prev, prev_v = Xj, vj
     k, ci, b = fit_exponent(radii, lower, fit_min_radius) if sum(r >= fit_min_radius for r in radii) >= 2 \
         else (float("nan"), (float("nan"), float("nan")), float("nan"))
     return GrowthResult(radii=radii, lower=lower, search=search, witness=wit_vals,

@@ -61,7 +61,7 @@ def test_growth_ti_width_is_strictly_increasing_with_exponent_two():
 
 # ------------------------------------------------------------------------------- must-show 2
 
-@settings(deadline=None, max_examples=6)
+@settings(deadline=None, max_examples=5)
 @given(st.sampled_from([(4, 1), (6, 2), (8, 2)]), st.sampled_from([(2, 2), (2, 3), (3, 1)]),
        st.integers(0, 2 ** 16), st.sampled_from(["dense", "subspace"]))
 def test_probe_values_equal_exact_jacobian_norm(shape, grid, seed, method):
@@ -73,7 +73,7 @@ def test_probe_values_equal_exact_jacobian_norm(shape, grid, seed, method):
             p.mul_(4.0)  # larger weights: the softmax is no longer nearly uniform
     radii = [0.5, 2.0, 6.0]
     r = attention_growth(layer, radii, grid=grid, restarts=4, steps=6, certify_method=method,
-                         certify_steps=150, certify_top=1, device="cpu", seed=seed)
+                         certify_steps=120, certify_top=1, device="cpu", seed=seed)
     for R, L, X in zip(radii, r.lower, r.X):
         assert float(X.norm()) <= R
         exact = spectral(dense_jacobian(layer, X))  # SDPA forward, independent of the probe's math path
