@@ -29,13 +29,13 @@ from lipcheck.models.vit import PRESETS, vit_from_preset  # noqa: E402
 
 D = torch.float64
 SETTINGS = {
-    "full": dict(batch=4, tolerances=wellposed.TOLERANCES, rk4_steps=wellposed.RK4_STEPS, grid=128, power_iters=6,
+    "full": dict(batch=4, tolerances=wellposed.TOLERANCES, rk4_steps=wellposed.RK4_STEPS, grid=None, power_iters=6,
                  power_steps=32,
-                 cert_tol=1e-3, cert_per_step=64, scales=(1.0, 4.0, 16.0, 64.0), contrast_tols=(1e-3, 1e-6, 1e-9),
-                 contrast_grid=32),
-    "quick": dict(batch=2, tolerances=(1e-2, 1e-4, 1e-6, 1e-8, 1e-10), rk4_steps=(8, 16, 32, 64, 128), grid=32,
-                  power_iters=2, power_steps=16, cert_tol=1e-3, cert_per_step=16, scales=(1.0, 16.0), contrast_tols=(1e-3, 1e-6),
-                  contrast_grid=16),
+                 cert_tol=1e-3, cert_per_step=None, scales=(1.0, 4.0, 16.0, 64.0), contrast_tols=(1e-3, 1e-6, 1e-9),
+                 contrast_grid=None, gentle=True),
+    "quick": dict(batch=1, tolerances=(1e-2, 1e-5, 1e-8), rk4_steps=(8, 16, 32, 64), grid=32, power_iters=2,
+                  power_steps=8, cert_tol=1e-3, cert_per_step=8, gentle=False, scales=(1.0, 16.0),
+                  contrast_tols=(1e-3, 1e-6), contrast_grid=16),
 }
 
 
@@ -98,10 +98,12 @@ def run(args) -> tuple[str, dict, list]:
     start = time.perf_counter()
     cert = wellposed.aposteriori_certificate(ssog, images, tol=cfg["cert_tol"], per_step=cfg["cert_per_step"],
                                              device=device, dtype=D)
-    gentle_model = build_models(args.preset, args.cert_gain, args.seed, device)[0]
-    gentle = wellposed.aposteriori_certificate(gentle_model, images, tol=cfg["cert_tol"],
-                                               per_step=cfg["cert_per_step"], device=device, dtype=D)
-    gentle["gain"] = args.cert_gain
+    gentle = None
+    if cfg["gentle"]:
+        gentle_model = build_models(args.preset, args.cert_gain, args.seed, device)[0]
+        gentle = wellposed.aposteriori_certificate(gentle_model, images, tol=cfg["cert_tol"],
+                                                   per_step=cfg["cert_per_step"], device=device, dtype=D)
+        gentle["gain"] = args.cert_gain
     timings["certificate"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -136,7 +138,7 @@ def run(args) -> tuple[str, dict, list]:
         "gronwall": {"violations": growth["violations"]["global"] + growth["violations"]["local"],
                      "violations_by_constant": growth["violations"], **{k: v for k, v in growth.items()
                                                                         if k != "violations"}},
-        "certificate": {**time_major(cert), "gentle": time_major(gentle)},
+        "certificate": {**time_major(cert), "gentle": time_major(gentle) if gentle else None},
         "contrast": contrast, "contrast_runs": contrast_runs, "constants": constants, "must_show": must,
         "seconds": timings,
     }
@@ -162,7 +164,7 @@ def must_show(sw, growth, cert, gentle) -> dict:
         "rk4_slope": rk4.get("slope"),
         "rk4_order_4": rk4.get("slope") is not None and abs(rk4["slope"] - 4) <= 0.3,
         "gronwall_violations": growth["violations"],
-        "certificate_violations": cert["violations"] + gentle["violations"],
+        "certificate_violations": cert["violations"] + (gentle["violations"] if gentle else 0),
     }
 
 
@@ -217,9 +219,9 @@ def make_figures(sweeps, interp, growth, cert, contrast) -> list:
     for name, d in growth["directions"].items():
         for i, g in enumerate(d["growth"]):
             ax.semilogy(t, g, color="C0" if name == "random" else "C1", lw=0.8, label=name if i == 0 else None)
-    ax.semilogy(t, [math.exp(growth["L_local"] * s) for s in t], "k--",
+    ax.semilogy(t, [math.exp(min(growth["L_local"] * s, 60)) for s in t], "k--",
                 label=f"exp(L_local t), L_local = {growth['L_local']:.3g}")
-    ax.set_ylim(0.5, max(10.0, math.exp(min(growth["L_local"], 600) * t[-1])))
+    ax.set_ylim(0.5, max(10.0, math.exp(min(growth["L_local"] * t[-1], 60))))
     ax.set_xlabel("t")
     ax.set_ylabel("||x(t) - y(t)|| / ||x0 - y0||")
     ax.set_title(f"Gronwall envelope (L_global = {growth['L_global']:.3g}: exp(L t) off the chart)", fontsize=9)
@@ -227,8 +229,12 @@ def make_figures(sweeps, interp, growth, cert, contrast) -> list:
     figs.append(("divergence_gronwall", fig))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, c, what in zip(axes, cert, ("default field", f"gentler field (gain {cert[1].get('gain')})")):
+    for ax, c, what in zip(axes, cert, ("default field", f"gentler field (gain {(cert[1] or {}).get('gain')})")):
+        if c is None:
+            ax.set_axis_off()
+            continue
         for i, (b, a) in enumerate(zip(c["bound"], c["actual"])):
+            b = [x if math.isfinite(x) else float("nan") for x in b]  # an infinite (vacuous) bound is not drawn
             ax.semilogy(c["t"][1:], b[1:], color=f"C{i}", lw=1, label="bound" if i == 0 else None)
             ax.semilogy(c["t"][1:], a[1:], color=f"C{i}", lw=1, ls=":", label="actual error" if i == 0 else None)
         ax.set_xlabel("t")
@@ -342,7 +348,10 @@ def markdown(data, sweeps, interp, growth, cert, contrast, constants, must, args
             "d/dt ||x - y|| <= L ||x - y|| by the mean value theorem on the segment, and Gronwall gives the envelope.", ""]
     # 3. certificate
     out += ["## A-posteriori certificate", ""]
-    for c, what in zip(cert, ("the default field", f"a gentler field (same seed, block weights at gain {cert[1].get('gain')})")):
+    for c, what in zip(cert, ("the default field", f"a gentler field (same seed, block weights at gain "
+                                                   f"{(cert[1] or {}).get('gain')})")):
+        if c is None:
+            continue
         out += [f"### On {what}", "",
                 f"{c['method']} at rtol = atol = {c['tol']:g} ({c['accepted']} accepted, {c['rejected']} rejected steps, "
                 f"{c['nfe']} NFE). y(t): the solver's dense output at {len(c['t'])} times through `integrate`; y'(t): "
@@ -362,8 +371,9 @@ def markdown(data, sweeps, interp, growth, cert, contrast, constants, must, args
                                  for i, (b, a) in enumerate(zip(c["bound_t1"], c["actual_t1"]))]), "",
                 f"Over all {len(c['t']) - 1} sampled times after t = 0 and every sample, the bound is below the actual "
                 f"error {c['violations']} times; bound / actual ranges from {c['min_ratio']:.3g} to {c['max_ratio']:.3g}"
-                + (" - valid but vacuous: exp(L t1) = " + f"{math.exp(min(c['L'], 700)):.2g} amplifies the defect far "
-                   "beyond the state's own size" if c["min_ratio"] > 1e6 else "")
+                + (". Valid but vacuous by t1: exp(L t1) = " + f"{math.exp(min(c['L'], 700)):.2g} amplifies the defect "
+                   "to far beyond the state's own size; the gentler field shows the same certificate where L t1 is small"
+                   if c["max_ratio"] > 1e6 else "")
                 + ". The actual error is measured against a fixed-step dopri8 reference landing on every sampled time "
                 f"(error estimate {c['reference']['error_estimate']:.2g}).", ""]
     # 4. contrast

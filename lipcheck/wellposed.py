@@ -332,14 +332,6 @@ def vector_field_constants(block, states: torch.Tensor, min_variance: float | No
     return float(res.global_bound), float(local), res
 
 
-def _layernorm_radius(norm) -> float:
-    """sup ||LN(x)_i||: the normalised token has norm <= sqrt(C), then gamma scales and beta shifts it."""
-    C = norm.normalized_shape[-1]
-    gamma = norm.weight.abs().max() if norm.weight is not None else 1.0
-    beta = norm.bias.norm() if norm.bias is not None else 0.0
-    return float(gamma * math.sqrt(C) + beta)
-
-
 def token_speed_bound(block, *, dtype=torch.float64, device=None) -> float:
     """B with ||F(x)_i|| <= B for every state x and token i (inf without LayerNorm).
 
@@ -353,7 +345,8 @@ def token_speed_bound(block, *, dtype=torch.float64, device=None) -> float:
     fk = dict(dtype=dtype, device=device)
     op = lambda w: float(torch.linalg.matrix_norm(w.detach().to(**fk), ord=2))
     vec = lambda b: float(b.detach().to(**fk).norm()) if b is not None else 0.0
-    rho1 = _layernorm_radius(block.norm1)
+    from .bounds.attention import layernorm_image_radius
+    rho1 = layernorm_image_radius(block.norm1)
     mixer = block.mixer
     if isinstance(mixer, SSoG):
         alpha = mixer.gaussian_params()[0].detach().to(**fk)
@@ -369,7 +362,7 @@ def token_speed_bound(block, *, dtype=torch.float64, device=None) -> float:
     else:
         raise TypeError(f"unknown mixer {type(mixer).__name__}; expected SSoG or DenseAttention")
     if block.mlp is not None:
-        rho2 = _layernorm_radius(block.norm2)
+        rho2 = layernorm_image_radius(block.norm2)
         fc1, fc2 = block.mlp.fc1, block.mlp.fc2
         speed += op(fc2.weight) * (op(fc1.weight) * rho2 + vec(fc1.bias)) + vec(fc2.bias)
     return speed
@@ -421,11 +414,22 @@ def worst_direction(block, x0: torch.Tensor, t1: float, *, iters: int = 8, steps
     return v.detach(), sigma.detach()
 
 
-def perturbation_growth(model, images, *, eps: float = 1e-3, grid: int = 128, directions=("random", "worst"),
+def auto_grid(block, x0: torch.Tensor, t1: float, *, lo: int = 16, hi: int = 512) -> int:
+    """Sampled intervals so that the drift margin of `segment_variance_floor` (2 speed dt / sqrt(C)) is at most half
+    the smallest token std of x0: then the certified variance floor keeps about a quarter of the initial one."""
+    speed = token_speed_bound(block, dtype=x0.dtype, device=x0.device)
+    if not math.isfinite(speed) or speed == 0:
+        return lo
+    sigma0 = float(token_std(x0).min())
+    dt = sigma0 * math.sqrt(x0.shape[-1]) / (4 * speed)
+    return int(min(hi, max(lo, 2 ** math.ceil(math.log2(max(t1 / max(dt, 1e-300), 1.0))))))
+
+
+def perturbation_growth(model, images, *, eps: float = 1e-3, grid: int | None = None, directions=("random", "worst"),
                         power_iters: int = 6, power_steps: int = 32, input_scale: float = 1.0, seed: int = 0, device=None,
                         dtype=torch.float64, reference_rtol: float = 1e-13) -> dict:
     """Growth g(t) = ||x(t) - y(t)|| / ||x0 - y0|| of y0 = x0 + eps ||x0|| v (per sample, ||v|| = 1) against
-    exp(L t) with L global and L local, on `grid` + 1 uniform times; violations count the (time, sample,
+    exp(L t) with L global and L local, on `grid` + 1 uniform times (None: `auto_grid`); violations count the (time, sample,
     direction) triples with g(t) > exp(L t) (compared in log space: exp(L_global t) overflows).
 
     Both trajectories are integrated in one batch by the converged fixed-step reference (steps landing on
@@ -436,6 +440,9 @@ def perturbation_growth(model, images, *, eps: float = 1e-3, grid: int = 128, di
         raise ValueError(f"eps must be a positive finite number (relative perturbation size), got {eps!r}")
     block, x0, t1 = prepare(model, images, input_scale=input_scale, device=device, dtype=dtype)
     B = x0.shape[0]
+    grid = auto_grid(block, x0, t1) if grid is None else int(grid)
+    if grid < 1:
+        raise ValueError(f"grid must be a positive number of sampled intervals (or None), got {grid}")
     gen = torch.Generator(device=x0.device).manual_seed(seed)
     dirs, power = {}, None
     for name in directions:
@@ -502,23 +509,24 @@ def _quartic_fit(x: torch.Tensor, Y: torch.Tensor):
 
 def _upper_sum(delta: torch.Tensor, grid: torch.Tensor, L: float) -> torch.Tensor:
     """B(t_i) >= int_0^{t_i} e^{L (t_i - s)} d(s) ds with d taken as max(d(a), d(b)) on each interval [a, b]:
-    B(t_{i+1}) = e^{L tau} B(t_i) + dmax (e^{L tau} - 1) / L, the exponential integrated exactly."""
+    B(t_{i+1}) = e^{L tau} B(t_i) + dmax (e^{L tau} - 1) / L, the exponential integrated exactly (inf on overflow)."""
     tau = grid[1:] - grid[:-1]
     dmax = torch.maximum(delta[:-1], delta[1:])
+    grow, gain = torch.exp(L * tau), torch.expm1(L * tau) / L
     bound = torch.zeros_like(delta)
     for i in range(len(tau)):
-        e = math.exp(L * float(tau[i]))
-        bound[i + 1] = e * bound[i] + dmax[i] * (math.expm1(L * float(tau[i])) / L)
+        bound[i + 1] = grow[i] * bound[i] + dmax[i] * gain[i]
     return bound
 
 
-def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float = 1e-4, per_step: int = 64,
+def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float = 1e-3, per_step: int | None = None,
                             reference_rtol: float = 1e-13, input_scale: float = 1.0, safety: float = 2.0,
                             device=None, dtype=torch.float64) -> dict:
     """Bound the error of an adaptive solve from its own dense output, and compare with the truth.
 
     y(t) is the solver's dense output (a quartic per accepted step, evaluated through `integrate` at
-    per_step + 1 points per step); y'(t) is the derivative of that quartic, fitted exactly from the samples
+    per_step + 1 points per step; None: an even number >= 8 per step giving intervals no longer than
+    t1 / `auto_grid`, so the variance floor survives the drift margin); y'(t) is the derivative of that quartic, fitted exactly from the samples
     (round-off margin added); delta(t) = y'(t) - F(y(t)). Since y(0) = x0,
     ||x(t) - y(t)|| <= int_0^t exp(L (t - s)) ||delta(s)|| ds with L valid on every segment [x(s), y(s)]
     (`segment_variance_floor`, rigorous between samples).
@@ -533,7 +541,7 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     check_methods([method])
     if method in FIXED_STEP:
         raise ValueError(f"method must be an adaptive Runge-Kutta method with dense output, got {method!r}")
-    if per_step < 4 or per_step % 2:
+    if per_step is not None and (per_step < 4 or per_step % 2):
         raise ValueError(f"per_step must be an even number >= 4 (a quartic needs 5 points per step), got {per_step}")
     block, x0, t1 = prepare(model, images, input_scale=input_scale, device=device, dtype=dtype)
     B = x0.shape[0]
@@ -541,8 +549,10 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     with torch.no_grad():
         _, field = solve(block, x0, torch.tensor([0.0, t1], **fk), method, tol=tol)
         steps = [(a, min(a + h, t1)) for a, h in field.steps if a < t1]
-        x = torch.linspace(0.0, 1.0, per_step + 1, **fk)
-        pts = torch.cat([torch.tensor([a], **fk) + (b - a) * x[:-1] for a, b in steps] + [torch.tensor([t1], **fk)])
+        dt = t1 / auto_grid(block, x0, t1, hi=1024)
+        counts = [per_step or min(256, max(8, 2 * math.ceil((b - a) / (2 * dt)))) for a, b in steps]
+        pts = torch.cat([a + (b - a) * torch.linspace(0.0, 1.0, m + 1, **fk)[:-1] for (a, b), m in zip(steps, counts)]
+                        + [torch.tensor([t1], **fk)])
         grid = torch.unique(pts)  # sorted; shared step ends appear once
         y, field2 = solve(block, x0, grid, method, tol=tol)
         if field2.steps[:len(field.steps)] != field.steps[:len(field2.steps)]:
@@ -577,7 +587,8 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     L_global, L, _ = vector_field_constants(block, x0, v_floor, dtype=dtype, device=x0.device)
     fine = _upper_sum(delta, grid, L)
     coarse = _upper_sum(delta[::2], grid[::2], L)  # per_step even: every step end survives
-    change = (coarse - fine[::2]).abs()  # at the even samples; odd ones take the larger neighbouring change
+    change = (coarse - fine[::2]).abs().nan_to_num(nan=math.inf)  # inf - inf: vacuous, say so
+    # at the even samples; odd ones take the larger neighbouring change
     bound = fine.clone()
     bound[::2] += safety * change
     bound[1::2] += safety * torch.maximum(change[:-1], change[1:])
@@ -588,7 +599,7 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     return {"method": method, "tol": tol, "accepted": field.accepted, "rejected": field.rejected, "nfe": field.nfe,
             "t": grid.tolist(), "bound": bound.T.tolist(), "actual": actual.T.tolist(), "delta": delta.T.tolist(),
             "L": L, "L_global": L_global, "min_variance": v_floor, "speed_bound": speed, "safety": safety,
-            "quadrature_change": float(((coarse - fine[::2]).abs() / fine[::2].clamp_min(1e-300))[1:].max()),
+            "quadrature_change": float((change / fine[::2].clamp_min(1e-300))[1:].nan_to_num(nan=math.inf).max()),
             "global_factor_log10_t1": L_global * t1 / math.log(10), "derivative_roundoff_margin": float(slope_err.max()),
             "rigorous_margin_max": rigorous, "max_delta": float(delta.max()),
             "reference": ref.summary(), "violations": viol,

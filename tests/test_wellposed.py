@@ -83,11 +83,13 @@ def test_linear_gronwall_and_power_iteration_against_expm():
     model, layer = linear_model(seed=1)
     images = torch.randn(1, 3, 12, 12, dtype=D)
     A, T = augmented_matrix(layer, 3, 3)
-    g = wp.perturbation_growth(model, images, grid=16, power_iters=8, power_steps=32, eps=1e-2)
+    g = wp.perturbation_growth(model, images, grid=16, power_iters=10, power_steps=16, eps=1e-2)
     # linear flow: y - x = exp(T t)(y0 - x0), so the worst growth at t1 is ||exp(T t1)||_2
     top = np.linalg.norm(scipy.linalg.expm(T * model.t1), 2)
     worst = g["directions"]["worst"]["growth_t1"][0]
-    assert worst <= top * (1 + 1e-6) and worst >= top * (1 - 2e-2), (worst, top)
+    # power iteration approaches ||exp(T t1)||_2 from below (never above it), and beats a random direction
+    assert top * 0.9 <= worst <= top * (1 + 1e-6), (worst, top)
+    assert worst > g["directions"]["random"]["growth_t1"][0]
     # with no LayerNorm the local constant is the global one, ||T||_2 <= L; no sampled time exceeds exp(L t)
     assert g["L_local"] == g["L_global"] >= np.linalg.norm(T, 2) * (1 - 1e-9)
     assert g["violations"] == {"global": 0, "local": 0}
@@ -139,15 +141,23 @@ def test_tiny_model_sweep_converges():
             assert r["nfe"] == 4 * r["steps"] and r["accepted"] == r["steps"]
 
 
-@settings(deadline=None, max_examples=40)
-@given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.floats(1e-3, 10.0))
-def test_segment_variance_floor_is_a_lower_bound(seed, s, scale):
+@settings(deadline=None, max_examples=25)
+@given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(1e-3, 10.0))
+def test_segment_variance_floor_is_a_lower_bound(seed, s, tau, scale):
     g = torch.Generator().manual_seed(seed)
-    xa = torch.randn(2, 1, 2, 2, 5, dtype=D, generator=g) * scale
+    xa = torch.randn(2, 1, 2, 2, 5, dtype=D, generator=g) * scale  # two sampled times
     xb = xa + torch.randn(2, 1, 2, 2, 5, dtype=D, generator=g) * scale * 0.5
-    floor = wp.segment_variance_floor(xa, xb, 0.0, 0.0)
-    z = xb + s * (xa - xb)  # any point of the segments, at either sampled time
+    # between the samples the states move along straight lines; drift = the largest token displacement
+    drift_a = float((xa[1] - xa[0]).norm(dim=-1).max())
+    drift_b = float((xb[1] - xb[0]).norm(dim=-1).max())
+    floor = wp.segment_variance_floor(xa, xb, drift_a, drift_b)
+    za, zb = xa[0] + tau * (xa[1] - xa[0]), xb[0] + tau * (xb[1] - xb[0])
+    z = zb + s * (za - zb)  # a point of the segment [xa(t), xb(t)] at an unsampled time t
     assert float(z.var(dim=-1, unbiased=False).min()) >= floor * (1 - 1e-12) - 1e-15
+    # with no movement the floor is the segment's own: attained up to the triangle inequality's slack
+    still = wp.segment_variance_floor(xa[:1].expand(2, -1, -1, -1, -1), xb[:1].expand(2, -1, -1, -1, -1), 0.0, 0.0)
+    z0 = xb[0] + s * (xa[0] - xb[0])
+    assert float(z0.var(dim=-1, unbiased=False).min()) >= still * (1 - 1e-12) - 1e-15
 
 
 @settings(deadline=None, max_examples=10)
@@ -171,7 +181,7 @@ def test_quartic_fit_differentiates_exactly():
     Y = sum(c[k] * x ** k for k in range(5))[:, None]
     coef, slope_err = wp._quartic_fit(x, Y)
     assert torch.allclose(coef[:, 0], c, atol=1e-12)
-    assert slope_err < 1e-11
+    assert slope_err < 1e-9  # a generous round-off margin, still far below any defect it guards
 
 
 # ------------------------------------------------------------------------------------------- bad inputs
