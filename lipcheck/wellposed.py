@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .models.ode import FIXED_STEP, SOLVERS, IntegrationError, VectorField, integrate
+from .models.ode import FIXED_STEP, SOLVERS, VectorField, integrate
 from .mixers.attention import DenseAttention
 from .mixers.ssog import SSoG
 
