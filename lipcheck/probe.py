@@ -28,6 +28,9 @@ Witness (Kim, Papamakarios and Mnih 2021). A query token whose logits are all eq
 bias-free layer) and two key tokens at +-(R / sqrt 2) u: the query's diagonal Jacobian block is
 (1/N) sum_h B_h + (R^2 / (N sqrt d)) sum_h A_h u^T u B_h with A_h = W_Q^h W_K^h^T and
 B_h = W_V^h W_O^h, so L(R) grows like R^2 (`witness_closed_form` states and proves it exactly).
+The focused variant (`attention_witness(..., focus=tau)`) also offsets the keys so that the query
+attends to them alone, which raises the R^2 coefficient N/2-fold, to about
+max_u ||A_h u^T|| ||u B_h|| / (2 sqrt d).
 """
 from __future__ import annotations
 
