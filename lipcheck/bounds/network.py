@@ -73,8 +73,9 @@ def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exac
     for name, t in (("mlp.fc1.weight", W1), ("mlp.fc2.weight", W2)):
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} has non-finite entries; fix the weights before certifying")
-    n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.ROUNDING)
-    n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.ROUNDING)
+    with spectral.single_thread():
+        n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.ROUNDING)
+        n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.ROUNDING)
     return n1 * symbolic.gelu_derivative_sup(variant) * n2
 
 

@@ -1,0 +1,77 @@
+"""Sympy checks of the algebra in proofs/S1.md. Exits non-zero on the first failed check."""
+import sys
+
+import sympy as sp
+
+failures = []
+
+
+def check(name, ok):
+    print(("ok   " if ok else "FAIL ") + name)
+    if not ok:
+        failures.append(name)
+
+
+x, mu, w, t = sp.symbols("x mu omega t", real=True)
+s = sp.symbols("sigma", positive=True)
+k, n, j = sp.symbols("k n j", integer=True)
+
+# Step 1: truncated lattice sums in exact arithmetic: sum g = 1 and |ghat(w)| <= 1
+for mu0, s0 in [(sp.Rational(3, 10), sp.Rational(1, 2)), (sp.Rational(-7, 4), sp.Rational(3, 2)), (2, sp.Rational(1, 5))]:
+    terms = [sp.exp(-(kk - mu0) ** 2 / (2 * s0 ** 2)) for kk in range(-25, 26)]
+    Z = sum(terms)
+    g = [tt / Z for tt in terms]
+    check(f"sum_k g(k) = 1 (mu={mu0}, sigma={s0})", sp.simplify(sum(g) - 1) == 0)
+    for w0 in [0, sp.Rational(1, 3), 1, sp.pi / 2, sp.pi]:
+        ghat = sum(gk * sp.exp(-sp.I * kk * w0) for gk, kk in zip(g, range(-25, 26)))
+        val = sp.N(sp.Abs(ghat), 30)
+        check(f"|ghat({w0})| <= 1 (mu={mu0}, sigma={s0})", val <= 1 + sp.Float(1e-25))
+    check(f"ghat(0) = 1 (mu={mu0})", sp.simplify(sum(g) - 1) == 0)
+
+# Step 2: Poisson summation. Fourier transform of the Gaussian, then both sides numerically
+f = sp.exp(-(x - mu) ** 2 / (2 * s ** 2)) * sp.exp(-sp.I * x * t)
+ft = sp.simplify(sp.integrate(f, (x, -sp.oo, sp.oo), conds="none"))
+expected = sp.sqrt(2 * sp.pi) * s * sp.exp(-s ** 2 * t ** 2 / 2) * sp.exp(-sp.I * t * mu)
+check("Fourier transform of the Gaussian", sp.simplify(sp.expand_complex(ft - expected)) == 0
+      or abs(complex(sp.N((ft - expected).subs({mu: 0.3, s: 0.7, t: 1.1})))) < 1e-20)
+for mu0, s0, w0 in [(0.3, 0.7, 0.9), (-1.2, 1.8, 2.5), (2.5, 0.45, -3.0)]:
+    lattice = sum(sp.exp(-(kk - sp.Float(mu0, 40)) ** 2 / (2 * sp.Float(s0, 40) ** 2)) * sp.exp(-sp.I * kk * sp.Float(w0, 40))
+                  for kk in range(-60, 61))
+    pois = sp.sqrt(2 * sp.pi) * sp.Float(s0, 40) * sum(
+        sp.exp(-sp.Float(s0, 40) ** 2 * (sp.Float(w0, 40) + 2 * sp.pi * nn) ** 2 / 2)
+        * sp.exp(-sp.I * (sp.Float(w0, 40) + 2 * sp.pi * nn) * sp.Float(mu0, 40)) for nn in range(-12, 13))
+    check(f"Poisson summation of the symbol (mu={mu0}, sigma={s0}, w={w0})", abs(complex(sp.N(lattice - pois, 30))) < 1e-22)
+    Zl = sum(sp.exp(-(kk - sp.Float(mu0, 40)) ** 2 / (2 * sp.Float(s0, 40) ** 2)) for kk in range(-60, 61))
+    q = sp.exp(-2 * sp.pi ** 2 * sp.Float(s0, 40) ** 2)
+    theta3 = 1 + 2 * sum(q ** (nn ** 2) * sp.cos(2 * nn * sp.pi * sp.Float(mu0, 40)) for nn in range(1, 13))
+    check(f"Z = sqrt(2 pi) sigma theta_3(pi mu, q) (mu={mu0}, sigma={s0})",
+          abs(float(sp.N(Zl - sp.sqrt(2 * sp.pi) * sp.Float(s0, 40) * theta3, 30))) < 1e-22)
+
+# Step 3: Toeplitz entries are Fourier coefficients of the symbol; plane waves are eigenvectors of the Laurent operator
+a = sp.symbols("a_-3:4")  # coefficients a_k for k = -3..3, a 1-D kernel of width 3
+coef = dict(zip(range(-3, 4), a))
+symb = sum(coef[kk] * sp.exp(-sp.I * kk * w) for kk in coef)
+for kk in coef:
+    c_k = sp.integrate(sp.expand(symb * sp.exp(sp.I * kk * w)), (w, -sp.pi, sp.pi)) / (2 * sp.pi)
+    check(f"Fourier coefficient {kk} of the symbol is the Toeplitz entry", sp.simplify(c_k - coef[kk]) == 0)
+i = sp.symbols("i", integer=True)
+laurent = sum(coef[kk] * sp.exp(sp.I * w * (i - kk)) for kk in coef)  # (L e)(i) = sum_k a_k e(i - k)
+check("plane wave e^{i w i} is an eigenvector of the Laurent operator with eigenvalue ghat(w)",
+      sp.simplify(laurent - symb * sp.exp(sp.I * w * i)) == 0)
+
+# Step 4: |sum_h c_h P_h| <= sum_h |c_h| |P_h| uses |a b| = |a||b| and |ghat| <= 1
+ay, ax, al = sp.symbols("g_y g_x alpha", complex=True)
+check("|alpha g_y g_x| = |alpha| |g_y| |g_x|", sp.simplify(sp.Abs(al * ay * ax) - sp.Abs(al) * sp.Abs(ay) * sp.Abs(ax)) == 0)
+
+# Step 5: singular values of a Kronecker product are products of singular values (2 x 2, symbolic)
+A = sp.Matrix(2, 2, sp.symbols("p0:4", real=True))
+B = sp.Matrix(2, 2, sp.symbols("r0:4", real=True))
+KP = sp.kronecker_product(A, B)
+lhs = (KP.T * KP).charpoly(t).as_expr()
+ea = list((A.T * A).eigenvals().keys())
+eb = list((B.T * B).eigenvals().keys())
+rhs = sp.prod([t - p * r for p in ea for r in eb])
+vals = {sym: sp.Rational(v, 7) for sym, v in zip(list(A) + list(B), [3, -2, 5, 1, 4, 6, -1, 2])}
+check("eig((A kron B)^T (A kron B)) = eig(A^T A) * eig(B^T B)", sp.simplify(sp.expand(lhs.subs(vals) - rhs.subs(vals))) == 0)
+
+sys.exit(1 if failures else 0)
