@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -40,12 +41,12 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             train_upto={"discrete": {"ti": 1024, "s": 512}, "looped": {"ti": 224}, "ode": {"ti": 224}},
             # looped runs exactly the discrete model's operations (one block's weights, applied depth
             # times), so between the ends of the range it adds time, not information
-            looped_resolutions=[224, 1024],
+            variant_resolutions={"looped": [224, 1024]},
             dopri5_resolutions=[224, 512, 1024], dopri5_widths=["ti"], mixer_grid=64,
             mixer_backends=list(BACKENDS))
 QUICK = dict(resolutions=[224, 384], widths=["ti"], variants=["discrete", "ode"],
              train_upto={"discrete": {"ti": 224}}, dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=32,
-             mixer_backends=["stacked", "truncated"])
+             variant_resolutions={"ode": [224], "looped": [224]}, mixer_backends=[])
 MIXER_ALONE = dict(dim=384, num_heads=6, num_components=4)
 # The paper (GPU, matched batch size, 1024x1024): SSoG against dense attention.
 PAPER = {"ode": "up to +154% throughput, >60% lower peak memory",
@@ -136,7 +137,7 @@ def plan(args, device: str) -> list[dict]:
     for res in resolutions:
         for width in widths:
             for variant in variants:
-                if variant == "looped" and not args.variants and res not in base.get("looped_resolutions", [res]):
+                if not args.variants and res not in base.get("variant_resolutions", {}).get(variant, [res]):
                     continue
                 methods = ["rk4"] if variant == "ode" else [None]
                 if variant == "ode" and res in base["dopri5_resolutions"] and width in base["dopri5_widths"]:
@@ -271,6 +272,15 @@ def fits(rows: list[dict]) -> dict:
     return out
 
 
+def _ticks(ax, Ns):
+    """Tick labels at the measured token counts only (log axes otherwise print overlapping minor labels)."""
+    from matplotlib.ticker import NullFormatter
+    ax.set_xticks(sorted(set(Ns)))
+    ax.set_xticklabels([str(n) for n in sorted(set(Ns))], fontsize=7)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def figures(rows, st, docs):
     import matplotlib.pyplot as plt
     sel_rows = [r for r in rows if r["mode"] == "inference" and r["variant"] == "discrete"]
@@ -298,6 +308,7 @@ def figures(rows, st, docs):
                 for p, ls in ((2.0, ":"), (1.5, "--")):
                     ax.loglog(Ns, [y0 * (n / N0) ** p for n in Ns], ls, color="0.5", lw=1,
                               label=f"slope N^{p:g}")
+            _ticks(ax, [r["tokens"] for r in sel])
             ax.set_xlabel("tokens N = (resolution / 16)^2")
             ax.set_ylabel(ylabel)
             ax.set_title(f"width {w} (C={PRESETS[w]['dim']})")
@@ -318,6 +329,10 @@ def figures(rows, st, docs):
         if sel:
             ax.loglog([r["tokens"] for r in sel], [r["mac_ratio_vs_sdpa"] for r in sel], "k--",
                       label="multiply-add ratio (dense axis factors)")
+        _ticks(ax, [r["tokens"] for r in rows if r["width"] == w])
+        yt = [0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8]
+        ax.set_yticks(yt)
+        ax.set_yticklabels([f"{t:g}" for t in yt])
         ax.set_xlabel("tokens N")
         ax.set_ylabel("attention time / SSoG time")
         ax.set_title(f"width {w}")
@@ -330,7 +345,7 @@ def figures(rows, st, docs):
 def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed) -> tuple[str, dict]:
     must = {}
     md = ["# Throughput and peak memory: SSoG against dense attention", ""]
-    md += [f"Device: **{device_str}**, {threads} thread(s) per configuration, float32"
+    md += [f"Device: **{device_str}** (the torch default; the benchmark pinned {threads} thread(s) per configuration), float32"
            + (" with bfloat16 autocast" if args.bf16 else "") + f", batch size {args.batch_size}. "
            f"Every configuration ran in its own process; the benchmark took {elapsed / 60:.1f} min. "
            "Timings on a CPU shared with other work are noisy: each row's three mixers ran back to back, "
@@ -404,7 +419,7 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed) 
                                  memory_ratio_vs_math=memr, memory_holds=m_ok,
                                  memory_ratio_vs_sdpa=r["memory_ratio_vs_sdpa"]))
             gain = lambda x: f"{100 * (x - 1):+.0f}%" if x else "-"
-            red = lambda x: f"{100 * (1 - x):.0f}% lower" if x is not None else "-"
+            red = lambda x: "-" if x is None else (f"{100 * (1 - x):.0f}% lower" if x <= 1 else f"{100 * (x - 1):.0f}% higher")
             trows.append([r["width"], r["variant"], gain(r["speedup_vs_sdpa"]), gain(r["speedup_vs_math"]),
                           _f(r["mac_ratio_vs_sdpa"]), _f(frac), "yes" if t_ok else "NO", red(memr),
                           "yes" if m_ok else "NO", red(r["memory_ratio_vs_sdpa"]), PAPER[r["variant"]]])
@@ -479,6 +494,7 @@ def main(argv=None) -> int:
         import json
         old = json.loads(Path(args.rerender).read_text())
         results, elapsed, st = old["raw"], old["elapsed_s"], old["stamp"]
+        threads, device = old.get("threads", threads), old.get("device", device)
     else:
         cfgs = plan(args, device)
         t0 = time.perf_counter()
@@ -492,7 +508,7 @@ def main(argv=None) -> int:
     mixer_rows, mixer_md = mixer_table(results)
     rows = analyse(results)["rows"]
     fit = fits(rows)
-    device_str = st["device"] + (f", {threads} thread(s)" if device == "cpu" else "")
+    device_str = st["device"]
     md, must = render(mixer_rows, mixer_md, rows, fit, device_str, args, threads or torch.get_num_threads(), elapsed)
     data = dict(device=device, threads=threads, batch_size=args.batch_size, bf16=args.bf16, elapsed_s=elapsed,
                 mixer_alone=mixer_rows, rows=rows, fits=fit, must_show=must, paper=PAPER, raw=results)
