@@ -1,0 +1,202 @@
+"""Certify: Lipschitz bounds for fixed-kernel SSoG, the block and the Neural-ODE vector field (S1-S3).
+
+Writes docs/lipschitz.md, docs/figures/lipschitz_*.png and docs/data/lipschitz.json.
+    python experiments/lipschitz.py [--quick] [--device cpu] [--seed 0] [--json PATH] [--docs DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from lipcheck import SSoG, report, vit_from_preset  # noqa: E402
+from lipcheck.bounds import spectral, ssog_lipschitz, vector_field_lipschitz  # noqa: E402
+from lipcheck.models.ode import integrate  # noqa: E402
+from lipcheck.models.vit import PRESETS  # noqa: E402
+
+F64 = torch.float64
+
+
+def preset_layer(name: str, kernels: str, seed: int, device) -> SSoG:
+    """An SSoG layer of preset `name` in float64: ViT initialisation (trunc-normal 0.02 weights, alpha = 1/M,
+    mu in +-2, sigma log-uniform in [0.5, 4]); kernels='frozen' replaces them by fixed mixed-sign kernels."""
+    torch.manual_seed(seed)
+    cfg = PRESETS[name]
+    layer = SSoG(cfg["dim"], cfg["num_heads"], 4, dtype=F64, device=device)
+    with torch.no_grad():
+        torch.nn.init.trunc_normal_(layer.v_proj.weight, std=0.02)
+        torch.nn.init.trunc_normal_(layer.o_proj.weight, std=0.02)
+        layer.o_proj.bias.zero_()
+        if kernels == "frozen":
+            h, M = layer.num_heads, layer.num_components
+            layer.set_gaussian_params(alpha=torch.randn(h, M, dtype=F64) / M,
+                                      mu=(torch.rand(h, M, 2, dtype=F64) * 2 - 1) * 4,
+                                      sigma=torch.exp(torch.rand(h, M, 2, dtype=F64) * math.log(12)) * 0.25)
+    return layer.freeze_kernels()
+
+
+def preset_table(args, device):
+    rows, data = [], []
+    presets = ["ti", "s"] if args.quick else ["ti", "s", "b"]
+    for name in tqdm(presets, desc="presets"):
+        for kernels in ("random init", "frozen"):
+            layer = preset_layer(name, "frozen" if kernels == "frozen" else "init", args.seed, device)
+            grid = 14
+            r = ssog_lipschitz(layer, grid, grid, device=device, resolution_free=(name == "ti" or not args.quick),
+                               rf_rtol=1e-3, target_gap=1e-3, max_steps=150 if args.quick else 300, seed=args.seed)
+            d = r.as_dict()
+            d.update(preset=name, kernels=kernels, C=layer.dim, heads=layer.num_heads)
+            data.append(d)
+            rows.append([name, kernels, layer.dim, f"{r.lower:.6g}", f"{r.upper:.6g}", f"{r.gap:.2e}",
+                         f"{r.upper_probabilistic:.6g}", f"{r.circulant:.6g}", f"{r.resolution_free:.6g}",
+                         f"{r.closed_form:.6g}", f"{sum(r.seconds.values()):.1f}"])
+    return rows, data
+
+
+def benchmark(args, device):
+    """Must-show 3: preset-s-sized layer, 14x14 probabilistic (gap <= 1e-3 at failure <= 1e-6), 64x64 deterministic."""
+    layer = preset_layer("s", "init", args.seed, device)
+    out = {}
+    grids = [(14, "probabilistic"), (64, "deterministic")] if not args.quick else [(14, "probabilistic"), (32, "deterministic")]
+    for n, kind in grids:
+        t = time.perf_counter()
+        r = ssog_lipschitz(layer, n, n, device=device, resolution_free=False, failure_probability=1e-6,
+                           target_gap=1e-3, max_steps=300, seed=args.seed, probabilistic=(kind == "probabilistic"))
+        sec = time.perf_counter() - t
+        out[f"{n}x{n}"] = dict(kind=kind, seconds=sec, lower=r.lower, upper=r.upper,
+                               upper_probabilistic=r.upper_probabilistic, gap=r.gap,
+                               gap_probabilistic=r.gap_probabilistic, failure_probability=r.failure_probability,
+                               exact=r.exact, exact_reason=r.exact_reason, method=r.method, stage_seconds=r.seconds,
+                               info=r.info)
+    return out
+
+
+def szego(args, device):
+    """Lower/upper vs grid size for a small layer, against its resolution-free bound (S2, Szego)."""
+    torch.manual_seed(args.seed + 1)
+    layer = SSoG(16, 2, 3, dtype=F64, device=device)
+    with torch.no_grad():
+        layer.v_proj.weight.normal_(0, 0.25)
+        layer.o_proj.weight.normal_(0, 0.25)
+    p = spectral.ssog_params(layer, device=device)
+    rf, info = spectral.resolution_free_bound(p, rtol=1e-6)
+    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32] + ([] if args.quick else [48, 64])
+    rows = []
+    for n in tqdm(sizes, desc="Szego"):
+        r = ssog_lipschitz(layer, n, n, device=device, resolution_free=False, max_steps=120, target_gap=1e-6,
+                           seed=args.seed)
+        rows.append(dict(n=n, lower=r.lower, upper=r.upper, exact=r.exact, circulant=r.circulant))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ns = [r["n"] for r in rows]
+    ax.plot(ns, [r["lower"] for r in rows], "o-", label="lower (Lanczos, actual ||Tv||/||v||)")
+    ax.plot(ns, [r["upper"] for r in rows], "s--", label="upper (circulant embedding / Gram)")
+    ax.axhline(rf.upper, color="k", lw=1, label="resolution-free bound (continuous sup)")
+    ax.axhline(spectral.closed_form_bound(p), color="0.5", ls=":", label="closed form")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("grid size n (n x n tokens)")
+    ax.set_ylabel("||T||_2 bounds")
+    ax.legend(fontsize=7)
+    ax.set_title("Szego: grid bounds converge to the resolution-free sup")
+    return rows, dict(resolution_free=rf.upper, symbol_sup_lower=rf.lower, closed_form=spectral.closed_form_bound(p),
+                      **info), fig
+
+
+def vector_field(args, device):
+    """Global vs local vector-field bounds along ODE ViT trajectories of embedded random images."""
+    out = []
+    presets = ["tiny"] if args.quick else ["tiny", "ti"]
+    for name in presets:
+        torch.manual_seed(args.seed)
+        model = vit_from_preset(name, "ode", "ssog", dtype=F64, device=device)
+        images = torch.randn(2, 3, model.img_size, model.img_size, dtype=F64, device=device)
+        with torch.no_grad():
+            x0 = model.embed(images)
+            t = torch.linspace(0, model.t1, 5, dtype=F64, device=device)
+            xs = integrate(model.vector_field, x0, t, rtol=1e-6, atol=1e-8)
+        b = vector_field_lipschitz(model, xs.reshape(-1, *xs.shape[2:]), rtol=1e-3)
+        out.append(dict(preset=name, global_bound=b.global_bound, local_bound=b.local_bound, mixer=b.mixer, mlp=b.mlp,
+                        ln1_global=b.ln1_global, ln1_local=b.ln1_local, ln2_global=b.ln2_global, ln2_local=b.ln2_local,
+                        vacuous=b.vacuous, min_variance=b.terms["min_variance"], gelu_sup=b.terms["gelu_sup"],
+                        eps=model.vector_field.block.norm1.eps))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller run (about 2 minutes on a CPU)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--docs", type=Path, default=None, help="docs directory (default: the repository's docs/)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    st = report.stamp(device=device)
+
+    bench = benchmark(args, device)
+    rows, presets = preset_table(args, device)
+    sz_rows, sz_info, fig = szego(args, device)
+    report.save_figure(fig, "lipschitz_szego", st, docs=args.docs)
+    vf = vector_field(args, device)
+
+    md = ["# Certified Lipschitz bounds for SSoG (S1-S3)", "",
+          "All numbers in float64. `lower` is an actual ratio ||T v||/||v|| (Lanczos Ritz vector, fast operator); "
+          "`upper` is deterministic and certified: the minimum of the closed form, the resolution-free symbol sup, "
+          "the (2H-1)x(2W-1) block-circulant embedding and (when the dense matrix fits) Gram iteration. "
+          "`upper_prob` holds with probability >= 1 - 1e-6 over the random Lanczos start (Kuczynski-Wozniakowski). "
+          "Proofs: `proofs/S1.md`, `proofs/S2.md`, `proofs/S3.md`.", "",
+          "## Benchmark (must-show 3): a layer of preset `s` (C=384, 6 heads, 4 components)", ""]
+    brows = [[k, v["kind"], f"{v['seconds']:.1f}", f"{v['lower']:.8g}", f"{v['upper']:.8g}", f"{v['gap']:.2e}",
+              f"{v['upper_probabilistic']:.8g}", f"{v['gap_probabilistic']:.2e}"] for k, v in bench.items()]
+    md += [report.md_table(["grid", "target", "seconds", "lower", "upper (det.)", "det. gap", "upper (prob.)",
+                            "prob. gap"], brows), ""]
+    for k, v in bench.items():
+        ok = (v["gap_probabilistic"] <= 1e-3 and v["seconds"] < 30) if v["kind"] == "probabilistic" \
+            else (v["gap"] < 0.02 and v["seconds"] < 120)
+        md.append(f"- {k} ({v['kind']}): {'meets' if ok else 'does NOT meet'} the target "
+                  f"({'gap <= 1e-3 at failure 1e-6 in < 30 s' if v['kind'] == 'probabilistic' else 'gap < 2% in < 120 s'}); "
+                  f"Lanczos steps {v['info'].get('lanczos', v['info'].get('lanczos_symbol_start', {})).get('steps')}, "
+                  f"exact: {v['exact_reason'] or v['exact']}.")
+    md += ["", "Timings are wall-clock on a shared 2-core CPU and vary between runs.", "",
+           "## Presets on a 14x14 grid", "",
+           report.md_table(["preset", "kernels", "C", "lower", "upper", "gap", "upper_prob", "circulant",
+                            "resolution-free", "closed form", "seconds"], rows), "",
+           "`random init`: the ViT initialisation (alpha = 1/M, so every head averages and the symbol peaks at w = 0). "
+           "`frozen`: fixed mixed-sign kernels (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma in [0.25, 3]). "
+           "Where resolution-free equals the closed form it was not computed (quick run or C=768).", "",
+           "## Szego: grid bounds converge to the resolution-free bound", "",
+           "![szego](figures/lipschitz_szego.png)", "",
+           report.md_table(["n", "lower", "upper", "exact"], [[r["n"], f"{r['lower']:.8g}", f"{r['upper']:.8g}",
+                                                             "-" if r["exact"] is None else f"{r['exact']:.8g}"]
+                                                            for r in sz_rows]), "",
+           f"Resolution-free bound {sz_info['resolution_free']:.8g} (an actual symbol value {sz_info['symbol_sup_lower']:.8g}), "
+           f"closed form {sz_info['closed_form']:.6g}. ||T_n|| is nondecreasing in n and approaches the symbol sup.", "",
+           "## Vector field (S3): the global constant is vacuous, the local one is not", ""]
+    md += [report.md_table(["preset", "global", "local (along trajectory)", "mixer", "MLP", "LN global", "LN local",
+                            "min token variance"],
+                           [[v["preset"], f"{v['global_bound']:.4g}", f"{v['local_bound']:.4g}", f"{v['mixer']:.4g}",
+                             f"{v['mlp']:.4g}", f"{v['ln1_global']:.4g}", f"{v['ln1_local']:.4g}",
+                             f"{v['min_variance']:.3g}"] for v in vf]), ""]
+    md.append(f"With LayerNorm eps = {vf[0]['eps']:g}, the global LayerNorm constant is max|gamma|/sqrt(eps) = "
+              f"{vf[0]['ln1_global']:.4g}: the global bound on Lip(F) is that factor times (mixer + MLP) and is "
+              "vacuous for any Gronwall estimate (exp(L t) with L in the hundreds or thousands). Along actual "
+              "trajectories (embedded random images, states at 5 times on [0, t1]) every token keeps a variance "
+              "far from zero, and the local bound (Jacobian norm at every state with token variance >= the observed "
+              "minimum) is orders of magnitude smaller. sup|GELU'| = "
+              f"{vf[0]['gelu_sup']:.6f} (from lipcheck.symbolic).")
+    data = dict(benchmark=bench, presets=presets, szego=dict(rows=sz_rows, **sz_info), vector_field=vf,
+                quick=args.quick, seed=args.seed)
+    report.write_report("lipschitz", "\n".join(md), data, st, docs=args.docs, json_path=args.json)
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
