@@ -383,7 +383,11 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed) 
            "SDPA, `MAC ratio` the analytic multiply-add ratio with dense SSoG axis factors (counted with each "
            "model's own NFE for the ODE), `frac` their quotient (target >= 0.9 at 1024), `mem/math` SSoG's peak over "
            "explicit attention's (target <= 0.4), `mem/SDPA` over fused SDPA's. ODE rk4 uses 3 steps "
-           "(NFE 12 = depth, the discrete model's cost); dopri5 rtol = atol = 1e-3 with its NFE as counted.", ""]
+           "(NFE 12 = depth, the discrete model's cost); dopri5 rtol = atol = 1e-3 with its NFE as counted. "
+           "To fit the CPU budget the full run measures the training step for discrete ti at every resolution, "
+           "discrete s up to 512 and looped/ode ti at 224; the looped model (the discrete model's operations with "
+           "one block's weights) at 224 and 1024; dopri5 for ti at 224, 512 and 1024; rows missing below were not "
+           "planned, rows marked SKIPPED ran out of the time budget.", ""]
     header = ["width", "res", "N", "variant", "mode", "SSoG img/s", "SDPA img/s", "math img/s", "x vs SDPA",
               "MAC ratio", "frac", "x vs math", "SSoG MB", "SDPA MB", "math MB", "mem/math", "mem/SDPA", "NFE s/a",
               "SSoG backend"]
