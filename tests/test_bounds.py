@@ -40,13 +40,13 @@ layers = st.builds(lambda seed, h, M, d, H, W: (seed, h, M, d, H, W),
                    st.integers(1, 12), st.integers(1, 12)).filter(lambda c: c[4] * c[5] * c[1] * c[3] <= 600)
 
 
-@settings(deadline=None, max_examples=4, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
 @given(layers)
 def test_sandwich_on_random_layers(cfg):
     """Must-show 1: lower <= exact <= upper <= resolution_free <= closed_form, and ||f(X)-f(Y)|| <= upper ||X-Y||."""
     seed, h, M, d, H, W = cfg
     layer = random_layer(seed, h, M, d)
-    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-3, max_steps=200)
+    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-2, max_steps=200)
     assert r.exact is not None
     assert le(r.lower, r.exact) and le(r.exact, r.upper)
     assert le(r.upper, r.resolution_free) and le(r.resolution_free, r.closed_form)
@@ -67,11 +67,11 @@ def test_sandwich_on_random_layers(cfg):
         assert lhs == pytest.approx(r.exact, rel=1e-9)
 
 
-@pytest.mark.parametrize("seed,h,M,d,H,W", [(1, 3, 4, 2, 10, 10)])
+@pytest.mark.parametrize("seed,h,M,d,H,W", [(1, 3, 4, 2, 10, 10), (2, 2, 3, 4, 9, 11), (3, 4, 2, 1, 12, 10)])
 def test_gap_when_dense_fits(seed, h, M, d, H, W):
     """Must-show 2: N*C <= 4096 gives (upper - lower) / lower <= 1e-6 (Gram iteration meets Lanczos)."""
     layer = random_layer(seed, h, M, d)
-    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-3, max_steps=300)
+    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-3, max_steps=600, target_gap=1e-7)
     assert H * W * layer.dim <= 4096
     assert r.gap <= 1e-6, (r.lower, r.upper, r.method)
     assert r.lower <= r.exact * (1 + REL) <= r.upper * (1 + 2 * REL)
@@ -168,6 +168,8 @@ def jacobian_norm(f, x, iters=25, seed=0):
         _, vjp = torch.func.vjp(f, x)
         (w,) = vjp(Jv)
         s = float(Jv.detach().norm())
+        if float(w.norm()) == 0.0:  # J = 0 (e.g. LayerNorm over one channel)
+            return s
         v = w / w.norm()
     return s
 
@@ -187,7 +189,7 @@ def random_block(seed, h, d, use_norm, use_mlp):
     return blk
 
 
-@settings(deadline=None, max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.too_slow])
 @given(blocks)
 def test_vector_field_bounds_dominate_jacobians(cfg):
     """Must-show 4: global and local bounds >= ||J_F|| by power iteration, at random and adversarial states."""
@@ -198,15 +200,15 @@ def test_vector_field_bounds_dominate_jacobians(cfg):
     x_rand = torch.randn(1, H, W, C, generator=g, dtype=F64) * 3
     # adversarial: nearly constant tokens (variance ~1e-7) make LayerNorm's Jacobian ~ 1/sqrt(var + eps)
     x_adv = 5 + 3e-4 * torch.randn(1, H, W, C, generator=g, dtype=F64)
-    b = vector_field_lipschitz(blk, x_rand, rtol=1e-3)
+    b = vector_field_lipschitz(blk, x_rand, rtol=1e-2)
     f = blk.vector_field
     for x in (x_rand, x_adv):
         assert jacobian_norm(f, x) <= b.global_bound * (1 + 1e-7)
     assert jacobian_norm(f, x_rand) <= b.local_bound * (1 + 1e-7)
     if use_norm:
-        assert b.ln1_global == pytest.approx(float(blk.norm1.weight.abs().max()) / math.sqrt(1e-6))
+        assert b.ln1_global == pytest.approx(float(blk.norm1.weight.detach().abs().max()) / math.sqrt(1e-6))
         # adversarial state is near the global constant's regime: the local bound there is large
-        b_adv = vector_field_lipschitz(blk, x_adv, rtol=1e-3)
+        b_adv = vector_field_lipschitz(blk, x_adv, mixer_bound=(b.mixer, b.terms['mixer_terms']))
         assert jacobian_norm(f, x_adv) <= b_adv.local_bound * (1 + 1e-7)
     else:
         assert b.global_bound == pytest.approx(b.local_bound)
@@ -216,7 +218,7 @@ def test_vector_field_of_ode_vit_and_attention():
     from lipcheck import vit_from_preset
     m = vit_from_preset("tiny", "ode", "ssog", dtype=F64)
     x0 = m.embed(torch.randn(2, 3, 32, 32, dtype=F64))
-    b = vector_field_lipschitz(m, x0, rtol=1e-3)
+    b = vector_field_lipschitz(m, x0, rtol=1e-2)
     assert b.local_bound < b.global_bound
     assert b.terms["min_variance"] == pytest.approx(float(x0.var(-1, unbiased=False).min()))
     jn = jacobian_norm(lambda x: m.vector_field(0.0, x), x0[:1])

@@ -119,13 +119,14 @@ def min_token_variance(states: torch.Tensor) -> float:
 
 def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float | None = None,
                            dtype=torch.float64, device=None, rtol: float = 1e-4,
-                           gelu_variant: str = "exact") -> VectorFieldBound:
+                           gelu_variant: str = "exact", mixer_bound: tuple[float, dict] | None = None) -> VectorFieldBound:
     """Global and local Lipschitz bounds for F(x) = Mixer(LN1 x) + MLP(LN2 x) (SPEC S3).
 
     model_or_block: an ODE ViT (its `.vector_field.block` is used) or a Block.
     states: optional (B, H, W, C) tensor(s) along which the local bound holds; the local bound uses
     v = min token variance over the states (and `min_variance` if given, the smaller of the two).
-    The global bound uses LayerNorm's global constant max|gamma| / sqrt(eps).
+    The global bound uses LayerNorm's global constant max|gamma| / sqrt(eps). `mixer_bound` = (value, terms)
+    reuses a mixer constant from an earlier call (SSoG's does not depend on the states).
     """
     block = _block_of(model_or_block)
     if isinstance(states, (list, tuple)):
@@ -145,8 +146,11 @@ def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float |
         ln2_g, ln2_l, _ = _ln_constants(block.norm2, v, dtype, device)
     else:
         ln2_g, ln2_l = 0.0, (0.0 if v is not None else None)
-    mixer, mixer_terms = mixer_lipschitz(block.mixer, token_radius=radius1, num_tokens=num_tokens,
-                                         dtype=dtype, device=device, rtol=rtol)
+    if mixer_bound is not None:  # reuse a mixer constant computed before (it does not depend on the states)
+        mixer, mixer_terms = mixer_bound
+    else:
+        mixer, mixer_terms = mixer_lipschitz(block.mixer, token_radius=radius1, num_tokens=num_tokens,
+                                             dtype=dtype, device=device, rtol=rtol)
     mlp = mlp_lipschitz(block.mlp, dtype=dtype, device=device, variant=gelu_variant)
     glob = mixer * ln1_g + mlp * ln2_g
     loc = None if v is None else mixer * ln1_l + mlp * (ln2_l or 0.0)
