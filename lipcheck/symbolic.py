@@ -3,9 +3,9 @@
 Each constant the numeric bounds use is computed here from its derivation (a critical point, an
 eigen-decomposition), not typed in; tests check them against numerics.
 
-- Poisson summation: sum_j exp(-(j - mu)^2 / (2 s^2)) = sqrt(2 pi) s theta_3(pi mu, q), q = exp(-2 pi^2 s^2),
-  and the symbol numerator sum_k exp(-(k - mu)^2/(2 s^2)) e^{-i k w} = sqrt(2 pi) s e^{-s^2 w^2/2} e^{-i w mu}
-  theta_3(pi mu + i pi s^2 w ... ) in the form  sqrt(2 pi) s sum_n exp(-s^2 (w + 2 pi n)^2 / 2) e^{-i (w + 2 pi n) mu}.
+- Poisson summation: Z = sum_j exp(-(j - mu)^2 / (2 s^2)) = sqrt(2 pi) s theta_3(pi mu, q), q = exp(-2 pi^2 s^2),
+  theta_3(z, q) = 1 + 2 sum_n q^(n^2) cos(2 n z); the symbol numerator
+  sum_k exp(-(k - mu)^2/(2 s^2)) e^{-i k w} = sqrt(2 pi) s sum_n exp(-s^2 (w + 2 pi n)^2 / 2) e^{-i (w + 2 pi n) mu}.
 - GELU(x) = x Phi(x): GELU'' = phi(x) (2 - x^2) vanishes at x = +-sqrt(2); sup|GELU'| = Phi(sqrt 2) + sqrt(2) phi(sqrt 2).
 - LayerNorm y = gamma * (x - mean) / sqrt(var + eps) + beta: J = diag(gamma) (I - 11^T/C - z z^T/C) / sqrt(var + eps)
   with z the normalised token; the middle factor has eigenvalues 1, 0 and eps / (var + eps), so
