@@ -45,13 +45,15 @@ def preset_layer(name: str, kernels: str, seed: int, device) -> SSoG:
 
 def preset_table(args, device):
     rows, data = [], []
-    presets = ["ti", "s"] if args.quick else ["ti", "s", "b"]
+    presets = ["ti"] if args.quick else ["ti", "s", "b"]
     for name in tqdm(presets, desc="presets"):
         for kernels in ("random init", "frozen"):
             layer = preset_layer(name, "frozen" if kernels == "frozen" else "init", args.seed, device)
             grid = 14
-            r = ssog_lipschitz(layer, grid, grid, device=device, resolution_free=(name == "ti" or not args.quick),
-                               rf_rtol=1e-3, target_gap=1e-3, max_steps=150 if args.quick else 300, seed=args.seed)
+            # the continuous sup costs many C x C SVDs for mixed-sign kernels: only for the initialisation here
+            rf = kernels == "random init" and (name == "ti" or not args.quick) and name != "b"
+            r = ssog_lipschitz(layer, grid, grid, device=device, resolution_free=rf,
+                               rf_rtol=1e-2, target_gap=1e-3, max_steps=150 if args.quick else 300, seed=args.seed)
             d = r.as_dict()
             d.update(preset=name, kernels=kernels, C=layer.dim, heads=layer.num_heads)
             data.append(d)
@@ -65,7 +67,7 @@ def benchmark(args, device):
     """Must-show 3: preset-s-sized layer, 14x14 probabilistic (gap <= 1e-3 at failure <= 1e-6), 64x64 deterministic."""
     layer = preset_layer("s", "init", args.seed, device)
     out = {}
-    grids = [(14, "probabilistic"), (64, "deterministic")] if not args.quick else [(14, "probabilistic"), (32, "deterministic")]
+    grids = [(14, "probabilistic"), (64, "deterministic")]
     for n, kind in grids:
         t = time.perf_counter()
         r = ssog_lipschitz(layer, n, n, device=device, resolution_free=False, failure_probability=1e-6,
@@ -87,7 +89,7 @@ def szego(args, device):
         layer.v_proj.weight.normal_(0, 0.25)
         layer.o_proj.weight.normal_(0, 0.25)
     p = spectral.ssog_params(layer, device=device)
-    rf, info = spectral.resolution_free_bound(p, rtol=1e-6)
+    rf, info = spectral.resolution_free_bound(p, rtol=1e-5)
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32] + ([] if args.quick else [48, 64])
     rows = []
     for n in tqdm(sizes, desc="Szego"):
@@ -170,7 +172,9 @@ def main(argv=None) -> int:
                             "resolution-free", "closed form", "seconds"], rows), "",
            "`random init`: the ViT initialisation (alpha = 1/M, so every head averages and the symbol peaks at w = 0). "
            "`frozen`: fixed mixed-sign kernels (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma in [0.25, 3]). "
-           "Where resolution-free equals the closed form it was not computed (quick run or C=768).", "",
+           "Where resolution-free equals the closed form it was not computed: the certified continuous sup (relative "
+           "tolerance 1e-2 here) needs hundreds of C x C SVDs for mixed-sign kernels and was run only for the "
+           "initialisation of ti (and s in the full run); the Szego section shows it at tolerance 1e-5 on a small layer.", "",
            "## Szego: grid bounds converge to the resolution-free bound", "",
            "![szego](figures/lipschitz_szego.png)", "",
            report.md_table(["n", "lower", "upper", "exact"], [[r["n"], f"{r['lower']:.8g}", f"{r['upper']:.8g}",
