@@ -40,7 +40,7 @@ layers = st.builds(lambda seed, h, M, d, H, W: (seed, h, M, d, H, W),
                    st.integers(1, 12), st.integers(1, 12)).filter(lambda c: c[4] * c[5] * c[1] * c[3] <= 600)
 
 
-@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.too_slow])
 @given(layers)
 def test_sandwich_on_random_layers(cfg):
     """Must-show 1: lower <= exact <= upper <= resolution_free <= closed_form, and ||f(X)-f(Y)|| <= upper ||X-Y||."""
@@ -189,7 +189,7 @@ def random_block(seed, h, d, use_norm, use_mlp):
     return blk
 
 
-@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=5, suppress_health_check=[HealthCheck.too_slow])
 @given(blocks)
 def test_vector_field_bounds_dominate_jacobians(cfg):
     """Must-show 4: global and local bounds >= ||J_F|| by power iteration, at random and adversarial states."""
