@@ -224,9 +224,6 @@ def measure(cfg: dict) -> dict:
     torch.manual_seed(int(cfg.get("seed", 0)))
     if int(cfg.get("threads", 0)) > 0:
         torch.set_num_threads(int(cfg["threads"]))
-    # Subnormal floats (far Gaussian tails, large negative softmax logits) slow x86 arithmetic by
-    # an order of magnitude; flushing them to zero is what every production CPU stack does.
-    torch.set_flush_denormal(True)
     out = {"config": cfg}
     try:
         module, x, labels = build(cfg, device, dtype)
@@ -330,6 +327,10 @@ def _worker_main(argv=None) -> int:
     if len(argv) != 1:
         print("usage: python -m lipcheck.bench '<json config>'", file=sys.stderr)
         return 2
+    # Subnormal floats (far Gaussian tails, large negative softmax logits) slow x86 arithmetic by an
+    # order of magnitude; flushing them to zero is what every production CPU stack does. Set here, in
+    # the per-configuration process only: it is global processor state.
+    torch.set_flush_denormal(True)
     res = measure(json.loads(argv[0]))
     print(RESULT_TAG + json.dumps(res, default=str), flush=True)
     return 0

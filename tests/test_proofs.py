@@ -6,10 +6,14 @@ from pathlib import Path
 import pytest
 
 PROOFS = Path(__file__).resolve().parents[1] / "proofs"
-MINE = ["s1_check.py", "s2_check.py", "s3_check.py"]
+SCRIPTS = sorted(p.name for p in PROOFS.glob("s*_check.py"))
 
 
-@pytest.mark.parametrize("script", MINE)
+def test_every_statement_has_a_proof_and_a_check():
+    assert SCRIPTS == [f"s{i}_check.py" for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_proof_script(script):
     path = PROOFS / script
     assert path.exists() and (PROOFS / script.replace("_check.py", ".md").upper().replace(".MD", ".md")).exists()
