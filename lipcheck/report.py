@@ -60,13 +60,18 @@ def stamp_markdown(st: dict) -> str:
             f"python {st['python']}, on {st['device']}, {st['date']}._\n")
 
 
-def atomic_write(path: Path, data: bytes | str) -> Path:
+def atomic_write(path: Path, data) -> Path:
+    """Write `data` (str, bytes, or a callable taking a binary file) to a temporary file beside `path`,
+    fsync, then rename over `path`: an interrupted write leaves the previous file untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

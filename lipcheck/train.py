@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .data import ImageData, load_dataset
 from .models.vit import PRESETS, VARIANTS, ViT
 from .mixers import MIXERS
+from .report import atomic_write
 
 # Digits are 8x8 grey: patch 2 gives a 4x4 token grid. Width/depth/heads shared by both mixers.
 DIGITS_PRESET = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, dim=48, depth=4, num_heads=3)
@@ -226,22 +226,9 @@ def set_rng_states(s: dict) -> None:
 
 
 def save_checkpoint(state: dict, path) -> Path:
-    """torch.save to a temporary file in the same directory, fsync, then rename over `path`: an
-    interrupted write leaves the previous checkpoint untouched (rename is atomic on POSIX)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """torch.save through report.atomic_write (temporary file, fsync, rename): an interrupted write
+    leaves the previous checkpoint untouched (rename is atomic on POSIX)."""
+    return atomic_write(path, lambda f: torch.save(state, f))
 
 
 CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "rng", "spec", "history")

@@ -20,6 +20,7 @@ import math
 import torch
 
 from ..mixers.attention import DenseAttention
+from .. import symbolic
 
 
 def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) -> dict:
@@ -142,9 +143,8 @@ def layernorm_lipschitz(norm: torch.nn.Module) -> float:
     """Global Lip(LN) <= max|gamma| / sqrt(eps) (per token, hence also for the token-wise map in Frobenius)."""
     if not isinstance(norm, torch.nn.LayerNorm):
         raise TypeError(f"norm must be an nn.LayerNorm, got {type(norm).__name__}")
-    C = norm.normalized_shape[-1]
-    g = norm.weight.detach().double() if norm.weight is not None else torch.ones(C, dtype=torch.float64)
-    return float(g.abs().max()) / math.sqrt(norm.eps)
+    gmax = float(norm.weight.detach().abs().max()) if norm.weight is not None else 1.0
+    return symbolic.layernorm_lipschitz(gmax, norm.eps)
 
 
 def _check_args(token_radius, num_tokens):
