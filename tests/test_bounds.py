@@ -77,6 +77,16 @@ def test_gap_when_dense_fits(seed, h, M, d, H, W):
     assert r.lower <= r.exact * (1 + REL) <= r.upper * (1 + 2 * REL)
 
 
+def test_default_settings_close_the_gap_up_to_exact_max():
+    """With default arguments, 1536 < N*C <= 4096 (past Gram iteration's size) still meets the 1e-6 gap:
+    the dense SVD with its rounding margin is the upper bound there, and Lanczos runs until it meets it."""
+    layer = random_layer(4, 3, 4, 16)
+    r = ssog_lipschitz(layer, 8, 8, rf_rtol=1e-3)
+    assert 1536 < 8 * 8 * layer.dim <= 4096 and r.gram is None
+    assert r.gap <= 1e-6, (r.lower, r.exact, r.upper)
+    assert r.lower <= r.exact * (1 + REL) <= r.upper * (1 + 2 * REL)
+
+
 def test_circulant_bound_is_the_dense_embedding_norm():
     """The circulant bound equals the norm of the explicitly built (2H-1) x (2W-1) block-circulant embedding."""
     layer = random_layer(7, 2, 3, 2)
