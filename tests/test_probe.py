@@ -16,13 +16,7 @@ from lipcheck.models.vit import Block
 from lipcheck.probe import BlockMap, attention_growth, attention_witness, witness_closed_form, witness_directions
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny batched kernels: one thread avoids oversubscribing the shared cores (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 def dense_jacobian(module, X):

@@ -17,13 +17,7 @@ LINEAR = dict(img_size=12, patch_size=4, dim=12, num_heads=3, num_components=2, 
               use_norm=False, use_mlp=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tensors are tiny: one thread is faster than two contending ones on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
 def linear_model(seed=0, scale=0.3):

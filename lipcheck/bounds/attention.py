@@ -56,15 +56,18 @@ def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) ->
                                            else torch.zeros(C, **fk)))
 
 
+def _head_norms(layer: DenseAttention, *, dtype=torch.float64, device=None):
+    """Per-head ||A_h||_2, ||B_h||_2, ||c_h|| and sqrt(d): everything the attention bounds read."""
+    m = head_matrices(layer, dtype=dtype, device=device)
+    return (torch.linalg.matrix_norm(m["A"], ord=2), torch.linalg.matrix_norm(m["B"], ord=2),
+            torch.linalg.vector_norm(m["c"], dim=-1), math.sqrt(layer.head_dim))
+
+
 def attention_lipschitz_terms(layer: DenseAttention, token_radius: float, num_tokens: int, *,
                               dtype=torch.float64, device=None) -> dict:
     """The three per-head terms of `attention_lipschitz_on_ball`, summed over heads (for reports)."""
     rho, N = _check_args(token_radius, num_tokens)
-    m = head_matrices(layer, dtype=dtype, device=device)
-    nA = torch.linalg.matrix_norm(m["A"], ord=2)
-    nB = torch.linalg.matrix_norm(m["B"], ord=2)
-    nc = torch.linalg.vector_norm(m["c"], dim=-1)
-    sd = math.sqrt(layer.head_dim)
+    nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
     value = math.sqrt(N) * nB
     key_cov = rho ** 2 * nA * nB / sd
     query_side = math.sqrt(N) * rho * (rho * nA + nc) * nB / sd
@@ -121,11 +124,7 @@ def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, 
     sum_i ||w_i||^2 = ||X A_h + 1 c_h||_F^2 <= (R ||A_h|| + sqrt(N) ||c_h||)^2 replaces the factor sqrt(N) on the
     R^2 part."""
     R, N = _check_args(radius, num_tokens)
-    m = head_matrices(layer, dtype=dtype, device=device)
-    nA = torch.linalg.matrix_norm(m["A"], ord=2)
-    nB = torch.linalg.matrix_norm(m["B"], ord=2)
-    nc = torch.linalg.vector_norm(m["c"], dim=-1)
-    sd = math.sqrt(layer.head_dim)
+    nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
     return float((nB * (math.sqrt(N) + R ** 2 * nA / sd + R * (R * nA + math.sqrt(N) * nc) / sd)).sum())
 
 
