@@ -5,11 +5,20 @@ Two halves:
   `model_macs`), with the SSoG axis factors dense (the O(N^1.5) count of SPEC section 1);
 - measurement (`measure`, `run_config`): one configuration per subprocess, so that peak memory is
   that configuration's alone. A step is one forward (inference) or forward + backward + SGD update
-  (training). After warm-up, every repeat is timed (CUDA events on GPU) and its peak memory taken
-  as what the step adds: on CPU the OS's peak resident size during the step minus the resident
-  size just before it (peak reset through /proc/self/clear_refs, or a sampling thread where that
-  is not writable); on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation
-  before. Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process
+  (training). After warm-up, every repeat is timed (CUDA events on GPU). Peak memory is what a
+  step adds: on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation before,
+  read from the timed steps; on CPU the OS's peak resident size during one extra step minus the
+  resident size just before it (peak reset through /proc/self/clear_refs, or a sampling thread
+  where that is not writable).
+
+  CPU allocator. The timed steps run with glibc malloc as a caching allocator (blocks up to 32 MB
+  are kept and reused, nothing is trimmed back to the OS), as PyTorch's own CUDA allocator does and
+  as a tuned CPU deployment does with jemalloc or tcmalloc: otherwise every tensor of a step is a
+  fresh mmap whose pages the kernel zeroes on first touch, a cost per byte allocated rather than per
+  multiply-add that penalises the mixer with less arithmetic (at 64x64 it slowed SSoG 1.7x and fused
+  SDPA not at all). The memory step comes after the timed ones: the allocator is switched to
+  returning every block of 128 kB and more straight to the OS and its free pages are released, so
+  that the resident-size delta is the step's own. Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process
   being killed) comes back as status "oom", not as an exception.
 
     python -m lipcheck.bench '<json config>'   # the worker; prints one JSON line
@@ -131,6 +140,28 @@ class _RssSampler(threading.Thread):
         self.join()
         self.peak = max(self.peak, rss_bytes())
         return self.peak
+
+
+# glibc mallopt parameters (malloc.h) and the values for the two phases of a CPU measurement.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+CACHING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+_MEMORY_MMAP_THRESHOLD = 128 * 2**10
+
+
+def _release_to_os() -> bool:
+    """Switch glibc malloc to mmap every block >= 128 kB (freed straight back to the OS), and return
+    the pages of free heap blocks (malloc_trim). False where the C library is not glibc."""
+    import ctypes
+    import gc
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, _MEMORY_MMAP_THRESHOLD) == 1
+        ok &= libc.mallopt(_M_TRIM_THRESHOLD, _MEMORY_MMAP_THRESHOLD) == 1
+        gc.collect()
+        libc.malloc_trim(0)
+        return bool(ok)
+    except (OSError, AttributeError):
+        return False
 
 
 def timed_step(step, device: torch.device) -> tuple[float, int]:
@@ -256,11 +287,18 @@ def measure(cfg: dict) -> dict:
             dt, peak = timed_step(step, device)
             times.append(dt)
             peaks.append(peak)
+        if device.type == "cuda":
+            method = "cuda.max_memory_allocated"
+        else:  # one more step, for memory only (module docstring: CPU allocator)
+            released = _release_to_os()
+            mem_time, peak = timed_step(step, device)
+            peaks = [peak]
+            out["memory_step_s"] = mem_time
+            method = ("VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS") + \
+                     ("" if released else ", allocator not switched (not glibc)")
         B = int(cfg.get("batch_size", 1))
         out.update(status="ok", **summarize(times), times_s=times, peak_bytes=max(peaks), peaks_bytes=peaks,
-                   images_per_s=B / statistics.median(times),
-                   peak_method=("cuda.max_memory_allocated" if device.type == "cuda"
-                                else "VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS"))
+                   images_per_s=B / statistics.median(times), peak_method=method)
         flow = getattr(module, "flow", None)
         if flow is not None:
             out["nfe"] = int(flow.last_nfe)
@@ -289,10 +327,8 @@ def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None 
     into swap or the OOM killer. A killed worker (SIGKILL) is also reported as "oom".
     """
     env = dict(os.environ)
-    # glibc would otherwise keep freed blocks (and raise its mmap threshold after the first large
-    # free), so the resident size before a step would include memory the step then reuses.
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
-    env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
+    for k, val in CACHING_MALLOC_ENV.items():  # timed steps: a caching allocator (module docstring)
+        env.setdefault(k, val)
     if int(cfg.get("threads", 0)) > 0:  # OpenMP reads this at start-up, before set_num_threads
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(int(cfg["threads"]))
     preexec = None

@@ -87,6 +87,42 @@ def test_peak_memory_is_what_the_step_adds():
     assert idle < 8 * 2**20
 
 
+_ALLOCATOR_PROBE = """
+import json, torch
+from lipcheck import bench
+size = 16 * 2**20  # below the caching threshold: kept by malloc once freed
+
+def step():
+    t = torch.ones(size // 4)
+    assert float(t[-1]) == 1.0
+
+for _ in range(10):  # glibc settles on reusing the block after a few rounds
+    step()
+_, cached = bench.timed_step(step, torch.device("cpu"))
+released = bench._release_to_os()
+_, fresh = bench.timed_step(step, torch.device("cpu"))
+print(json.dumps(dict(cached=cached, fresh=fresh, released=released)))
+"""
+
+
+def test_memory_step_sees_what_the_caching_allocator_hides():
+    """Under the timing allocator a repeated 16 MiB step adds nothing to the resident size (its block
+    is reused); after the switch the same step adds its 16 MiB again."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, **bench.CACHING_MALLOC_ENV)
+    out = subprocess.run([sys.executable, "-c", _ALLOCATOR_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    if not r["released"]:
+        pytest.skip("C library is not glibc")
+    size = 16 * 2**20
+    assert r["cached"] < 2 * 2**20, r
+    assert size - 2 * 2**20 <= r["fresh"] <= size + 8 * 2**20, r
+
+
 def test_sampler_fallback_sees_a_transient_allocation():
     s = bench._RssSampler(interval=0.0005)
     s.start()

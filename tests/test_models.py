@@ -184,3 +184,17 @@ def test_adjoint_gradients_match_backprop_through_the_solver():
         model(images).square().sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-8)
+
+
+def test_mlp_token_slices_equal_the_whole_product():
+    """Without autograd the MLP runs in slices of tokens; every row must equal the one-shot product."""
+    from lipcheck.models.vit import Mlp
+    torch.manual_seed(0)
+    mlp = Mlp(6, 24, dtype=torch.float64)
+    mlp.chunk_tokens = 7
+    x = torch.randn(2, 5, 3, 6, dtype=torch.float64)  # 30 tokens: four full slices and a partial one
+    whole = mlp.fc2(torch.nn.functional.gelu(mlp.fc1(x)))
+    with torch.no_grad():
+        sliced = mlp(x)
+    assert sliced.shape == whole.shape
+    assert torch.allclose(sliced, whole, rtol=0, atol=1e-14)

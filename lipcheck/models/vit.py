@@ -24,8 +24,24 @@ class Mlp(nn.Module):
         self.fc1 = nn.Linear(dim, hidden, device=device, dtype=dtype)
         self.fc2 = nn.Linear(hidden, dim, device=device, dtype=dtype)
 
+    # Tokens per slice when no gradient is recorded: the (rows, hidden) activation of a slice stays
+    # in cache instead of streaming four times the input size through memory (about 10% of a CPU
+    # forward at 4096 tokens); every row's arithmetic is unchanged.
+    chunk_tokens = 512
+
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+        C = x.shape[-1]
+        n = x.numel() // C if C else 0
+        if torch.is_grad_enabled() or n <= self.chunk_tokens:
+            return self.fc2(F.gelu(self.fc1(x)))
+        flat = x.reshape(n, C)
+        out = flat.new_empty(n, self.fc2.out_features)
+        w1, w2 = self.fc1.weight.t(), self.fc2.weight.t()
+        for s in range(0, n, self.chunk_tokens):
+            e = min(n, s + self.chunk_tokens)
+            hid = F.gelu(torch.addmm(self.fc1.bias, flat[s:e], w1))
+            torch.addmm(self.fc2.bias, hid, w2, out=out[s:e])
+        return out.reshape(*x.shape[:-1], self.fc2.out_features)
 
 
 class Block(nn.Module):
@@ -84,8 +100,10 @@ class PatchEmbed(nn.Module):
         if ih % self.patch_size or iw % self.patch_size:
             raise ValueError(f"image size {ih}x{iw} must be a multiple of the patch size {self.patch_size}; "
                              f"resize or crop to a multiple of {self.patch_size}")
-        x = self.proj(images).permute(0, 2, 3, 1)  # (B, H, W, C)
-        return x + self.resampled_pos(*x.shape[1:3])
+        x = self.proj(images).permute(0, 2, 3, 1)  # (B, H, W, C), channels-first strides
+        # Token-major memory from here on: otherwise every residual add keeps the convolution's
+        # strides and each LayerNorm copies its input to contiguous form.
+        return (x + self.resampled_pos(*x.shape[1:3])).contiguous()
 
 
 @dataclasses.dataclass(frozen=True)
