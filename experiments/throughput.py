@@ -42,10 +42,10 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             # looped runs exactly the discrete model's operations (one block's weights, applied depth
             # times), so between the ends of the range it adds time, not information
             variant_resolutions={"looped": [224, 1024]},
-            dopri5_resolutions=[224, 512, 1024], dopri5_widths=["ti"], mixer_grid=64,
+            dopri5_resolutions=[224, 512, 1024], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=3,
             mixer_backends=list(BACKENDS))
 QUICK = dict(resolutions=[224, 384], widths=["ti"], variants=["discrete", "ode"],
-             train_upto={"discrete": {"ti": 224}}, dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=32,
+             train_upto={"discrete": {"ti": 224}}, dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=32, mixer_rounds=1,
              variant_resolutions={"ode": [224], "looped": [224]}, mixer_backends=[])
 MIXER_ALONE = dict(dim=384, num_heads=6, num_components=4)
 # The paper (GPU, matched batch size, 1024x1024): SSoG against dense attention.
@@ -130,10 +130,13 @@ def plan(args, device: str) -> list[dict]:
     # The largest resolution first: if the time budget (--max-minutes) runs out, the targets survive.
     resolutions = sorted(resolutions)
     resolutions = resolutions[-1:] + resolutions[:-1]
-    for mixer, backend in [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]:
-        cfgs.append(dict(common, part="mixer", kind="mixer", mixer=mixer, mode="inference", grid=g,
-                         ssog_backend=backend or "auto", repeats=reps(0) if args.quick else 5, warmup=warm(0),
-                         **MIXER_ALONE))
+    # The mixer-alone set runs in interleaved rounds and each mixer's times are pooled over them: a slow
+    # spell of a shared machine (minutes long) then lands on every mixer alike instead of on one.
+    for rnd in range(base["mixer_rounds"]):
+        for mixer, backend in [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]:
+            cfgs.append(dict(common, part="mixer", kind="mixer", mixer=mixer, mode="inference", grid=g,
+                             ssog_backend=backend or "auto", repeats=args.repeats or (2 if args.quick else 3),
+                             warmup=warm(0), round=rnd, **MIXER_ALONE))
     modes = ["inference"] if args.no_train else ["inference", "train"]
     for res in resolutions:
         for width in widths:
@@ -208,21 +211,44 @@ def analyse(results: list[dict]) -> dict:
     return {"rows": rows}
 
 
-def mixer_table(results: list[dict]) -> tuple[list[dict], str]:
-    rows = []
-    ref = next((r for r in results if r["config"]["kind"] == "mixer" and r["config"]["mixer"] == "sdpa"), None)
+def pool_rounds(results: list[dict]) -> list[dict]:
+    """One result per mixer-alone configuration, its rounds pooled: every timed repeat, median and
+    spread over all of them, the largest peak; a configuration that failed in any round keeps that status."""
+    pooled: dict = {}
     for r in results:
         cfg = r["config"]
         if cfg["kind"] != "mixer":
             continue
+        key = (cfg["mixer"], cfg.get("ssog_backend"))
+        if key not in pooled:
+            pooled[key] = dict(r, config={k: v for k, v in cfg.items() if k != "round"}, rounds=0, times_s=[])
+        p = pooled[key]
+        p["rounds"] += 1
+        if r.get("status") != "ok":
+            p.update(status=r.get("status"), error=r.get("error"))
+        elif p.get("status") == "ok":
+            p["times_s"] = p["times_s"] + r["times_s"]
+            p["peak_bytes"] = max(p["peak_bytes"], r["peak_bytes"])
+    for p in pooled.values():
+        if p.get("status") == "ok":
+            p.update(bench.summarize(p["times_s"]))
+    return list(pooled.values())
+
+
+def mixer_table(results: list[dict]) -> tuple[list[dict], str]:
+    rows = []
+    results = pool_rounds(results)
+    ref = next((r for r in results if r["config"]["mixer"] == "sdpa"), None)
+    for r in results:
+        cfg = r["config"]
         macs = bench.mixer_macs(cfg["mixer"], cfg["grid"], cfg["grid"], cfg["dim"], cfg["num_components"],
                                 batch=cfg["batch_size"])
         name = LABEL[cfg["mixer"]] + (f" [{cfg['ssog_backend']}]" if cfg["mixer"] == "ssog" else "")
         ok = r.get("status") == "ok"
         speed = (ref["median_s"] / r["median_s"]) if ok and ref and ref.get("status") == "ok" else None
-        rows.append(dict(name=name, mixer=cfg["mixer"], backend=cfg["ssog_backend"] if cfg["mixer"] == "ssog" else None,
+        rows.append(dict(name=name, mixer=cfg["mixer"], grid=cfg["grid"], backend=cfg["ssog_backend"] if cfg["mixer"] == "ssog" else None,
                          status=r.get("status"), median_s=r.get("median_s"), spread=r.get("spread"),
-                         gmac=macs / 1e9, gmac_per_s=(macs / 1e9 / r["median_s"]) if ok else None,
+                         rounds=r.get("rounds", 1), gmac=macs / 1e9, gmac_per_s=(macs / 1e9 / r["median_s"]) if ok else None,
                          peak_mb=(r["peak_bytes"] / 2**20) if ok else None, speedup_vs_sdpa=speed, error=r.get("error")))
     table = report.md_table(
         ["mixer", "GMAC", "median ms", "spread", "GMAC/s", "peak MB", "speed-up vs fused SDPA", "status"],
@@ -369,23 +395,29 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed) 
     auto = next((x for x in mixer_rows if x["mixer"] == "ssog" and x["backend"] == "auto"), None)
     g = mixer_rows[0]["gmac"] if mixer_rows else None
     mac_ratio = (sd["gmac"] / auto["gmac"]) if sd and auto else None
-    grid = (QUICK if args.quick else FULL)["mixer_grid"]
+    grid = mixer_rows[0]["grid"] if mixer_rows else (QUICK if args.quick else FULL)["mixer_grid"]
     md += [f"## 1. Mixer alone: {grid}x{grid} grid, C=384, 6 heads, 4 components, forward", "",
            f"Multiply-add ratio with dense axis factors: {_f(mac_ratio)}x "
            f"({_f(sd['gmac'] if sd else None)} vs {_f(auto['gmac'] if auto else None)} GMAC). "
-           "The truncated and FFT backends do fewer multiply-adds than the GMAC column (which counts dense factors).", "",
+           "The truncated and FFT backends do fewer multiply-adds than the GMAC column (which counts dense factors). "
+           f"The whole set ran in {max((x['rounds'] for x in mixer_rows), default=1)} interleaved round(s), "
+           "each mixer's timed repeats pooled over them (median, spread = (max - min) / median), so that a slow "
+           "spell of the machine falls on every mixer alike.", "",
            mixer_md, ""]
     if auto and auto["speedup_vs_sdpa"]:
-        ok = auto["speedup_vs_sdpa"] >= 7.6
+        measured = (f"Measured with `auto`: {auto['speedup_vs_sdpa']:.2f}x; best backend ({best['name']}): "
+                    f"{best['speedup_vs_sdpa']:.2f}x")
         must["1_mixer_speedup_auto"] = auto["speedup_vs_sdpa"]
         must["1_mixer_speedup_best_backend"] = best["speedup_vs_sdpa"] if best else None
-        must["1_holds"] = ok
-        md += [f"**Target (64x64): SSoG at least 7.6x faster than fused SDPA.** Measured with `auto`: "
-               f"{auto['speedup_vs_sdpa']:.2f}x; best backend ({best['name']}): {best['speedup_vs_sdpa']:.2f}x. "
-               + ("Holds." if ok else "Does not hold on this run: SSoG's mixing runs at a lower fraction of this "
-                  "CPU's multiply-add rate than the fused attention kernel (GMAC/s column), and the projections "
-                  "alone (1.2 GMAC) already take a large share of the budget.")
-               + (" (Quick run: 32x32 grid, not the 64x64 target.)" if grid != 64 else ""), ""]
+        if grid == 64:
+            ok = auto["speedup_vs_sdpa"] >= 7.6
+            must["1_holds"] = ok
+            verdict = ("Holds." if ok else "Does not hold on this run; the GMAC/s column shows where the time goes.")
+        else:  # the target is stated for 64x64 only
+            must["1_holds"] = None
+            verdict = (f"Quick run: a {grid}x{grid} grid, where the multiply-add ratio is {_f(mac_ratio)}x; "
+                       "the 7.6x target is for 64x64 (the full run).")
+        md += [f"**Target (64x64): SSoG at least 7.6x faster than fused SDPA.** {measured}. {verdict}", ""]
     # 2. whole models
     md += ["## 2. Whole models", "",
            "Images/s and the peak memory (MB) the step adds. `x vs SDPA` is SSoG's measured speed-up over fused "

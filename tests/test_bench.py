@@ -193,3 +193,25 @@ def test_report_ratios_and_oom_rows(tmp_path):
     md, must = throughput.render([], "", table, throughput.fits(table), "cpu: test", args, 1, 60.0)
     assert "OOM" in md and "math" in md
     assert must["2_at_top_resolution"][0]["memory_holds"] is False  # no measurement: not claimed
+
+
+def test_mixer_rounds_are_pooled():
+    """Interleaved rounds of one mixer-alone configuration become one row: all repeats, their median,
+    the largest peak; a failed round marks the configuration as failed."""
+    def mix(mixer, rnd, times, peak, status="ok"):
+        cfg = dict(kind="mixer", mixer=mixer, ssog_backend="auto", grid=8, dim=12, num_components=4, batch_size=1,
+                   round=rnd)
+        r = {"config": cfg, "status": status}
+        if status == "ok":
+            r.update(times_s=times, median_s=sorted(times)[len(times) // 2], peak_bytes=peak)
+        return r
+    res = [mix("sdpa", 0, [4.0, 5.0], 10), mix("ssog", 0, [1.0, 3.0], 7), mix("sdpa", 1, [9.0, 1.0, 6.0], 12),
+           mix("ssog", 1, [2.0], 5), mix("math", 0, [1.0], 1), mix("math", 1, None, None, status="oom")]
+    pooled = {r["config"]["mixer"]: r for r in throughput.pool_rounds(res)}
+    assert pooled["sdpa"]["times_s"] == [4.0, 5.0, 9.0, 1.0, 6.0] and pooled["sdpa"]["median_s"] == 5.0
+    assert pooled["sdpa"]["peak_bytes"] == 12 and pooled["sdpa"]["rounds"] == 2
+    assert pooled["ssog"]["median_s"] == 2.0 and "round" not in pooled["ssog"]["config"]
+    assert pooled["math"]["status"] == "oom"
+    rows, _ = throughput.mixer_table(res)
+    by = {r["mixer"]: r for r in rows}
+    assert by["ssog"]["speedup_vs_sdpa"] == pytest.approx(5.0 / 2.0)
