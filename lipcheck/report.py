@@ -24,11 +24,13 @@ DOCS = ROOT / "docs"
 
 
 def git_commit() -> str:
+    """Short HEAD hash, "+dirty" when a tracked file outside docs/ differs from it. Reports that an
+    earlier run rewrote in docs/ say nothing about the code that makes the next one."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         return (out.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -60,3 +60,23 @@ def test_atomic_write_keeps_old_file_when_interrupted(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         report.atomic_write(path, "new")
     assert path.read_text() == "old" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_stamp_is_dirty_for_code_changes_only(tmp_path, monkeypatch):
+    """A report rewritten in docs/ leaves the commit stamp clean; a changed source file marks it dirty."""
+    import subprocess
+    from lipcheck import report
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
+                                    check=True, capture_output=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "r.md").write_text("old\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    assert not report.git_commit().endswith("+dirty")
+    (tmp_path / "docs" / "r.md").write_text("new\n")
+    assert not report.git_commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert report.git_commit().endswith("+dirty")
