@@ -18,8 +18,10 @@ Two halves:
   multiply-add that penalises the mixer with less arithmetic (at 64x64 it slowed SSoG 1.7x and fused
   SDPA by 2%). The memory step comes after the timed ones: the allocator is switched to
   returning every block of 128 kB and more straight to the OS and its free pages are released, so
-  that the resident-size delta is the step's own. Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process
-  being killed) comes back as status "oom", not as an exception.
+  that the resident-size delta is the step's own.
+
+  Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process being
+  killed) comes back as status "oom", not as an exception.
 
     python -m lipcheck.bench '<json config>'   # the worker; prints one JSON line
 """

@@ -198,3 +198,17 @@ def test_mlp_token_slices_equal_the_whole_product():
         sliced = mlp(x)
     assert sliced.shape == whole.shape
     assert torch.allclose(sliced, whole, rtol=0, atol=1e-14)
+
+
+def test_mlp_token_slices_under_autocast():
+    """Sliced and one-shot MLP agree under bfloat16 autocast too (the slices take autocast's dtype)."""
+    from lipcheck.models.vit import Mlp
+    torch.manual_seed(0)
+    mlp = Mlp(8, 32)
+    mlp.chunk_tokens = 16
+    x = torch.randn(1, 9, 7, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        sliced = mlp(x)
+        whole = mlp.fc2(torch.nn.functional.gelu(mlp.fc1(x)))
+    assert sliced.dtype == whole.dtype == torch.bfloat16
+    assert torch.equal(sliced, whole)

@@ -34,14 +34,13 @@ class Mlp(nn.Module):
         n = x.numel() // C if C else 0
         if torch.is_grad_enabled() or n <= self.chunk_tokens:
             return self.fc2(F.gelu(self.fc1(x)))
-        flat = x.reshape(n, C)
-        out = flat.new_empty(n, self.fc2.out_features)
-        w1, w2 = self.fc1.weight.t(), self.fc2.weight.t()
+        flat, out = x.reshape(n, C), None
         for s in range(0, n, self.chunk_tokens):
-            e = min(n, s + self.chunk_tokens)
-            hid = F.gelu(torch.addmm(self.fc1.bias, flat[s:e], w1))
-            torch.addmm(self.fc2.bias, hid, w2, out=out[s:e])
-        return out.reshape(*x.shape[:-1], self.fc2.out_features)
+            y = self.fc2(F.gelu(self.fc1(flat[s:s + self.chunk_tokens])))
+            if out is None:  # the slice's dtype, which autocast may have changed
+                out = y.new_empty(n, y.shape[-1])
+            out[s:s + y.shape[0]] = y
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class Block(nn.Module):
