@@ -45,7 +45,8 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             dopri5_resolutions=[224, 512, 1024], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=3,
             mixer_backends=list(BACKENDS))
 QUICK = dict(resolutions=[224, 384], widths=["ti"], variants=["discrete", "ode"],
-             train_upto={"discrete": {"ti": 224}}, dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=32, mixer_rounds=1,
+             train_upto={"discrete": {"ti": 224}}, dopri5_resolutions=[224], dopri5_widths=["ti"],
+             mixer_grid=32, mixer_rounds=1,
              variant_resolutions={"ode": [224], "looped": [224]}, mixer_backends=[])
 MIXER_ALONE = dict(dim=384, num_heads=6, num_components=4)
 # The paper (GPU, matched batch size, 1024x1024): SSoG against dense attention.
@@ -70,7 +71,8 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per configuration (default 1 on CPU: on a shared machine OpenMP threads "
                         "that wait on each other distort timings far more than one thread; 0 = torch's default)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per configuration (default 5 up to 384, 3 above)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats per configuration (default 5 up to 384, 3 above)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
     p.add_argument("--no-train", action="store_true", help="skip the training-step measurements")
     p.add_argument("--mem-limit-gb", type=float, default=8.0,
@@ -132,8 +134,9 @@ def plan(args, device: str) -> list[dict]:
     resolutions = resolutions[-1:] + resolutions[:-1]
     # The mixer-alone set runs in interleaved rounds and each mixer's times are pooled over them: a slow
     # spell of a shared machine (minutes long) then lands on every mixer alike instead of on one.
+    mixers = [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]
     for rnd in range(base["mixer_rounds"]):
-        for mixer, backend in [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]:
+        for mixer, backend in mixers:
             cfgs.append(dict(common, part="mixer", kind="mixer", mixer=mixer, mode="inference", grid=g,
                              ssog_backend=backend or "auto", repeats=args.repeats or (2 if args.quick else 3),
                              warmup=warm(0), round=rnd, **MIXER_ALONE))
@@ -246,9 +249,11 @@ def mixer_table(results: list[dict]) -> tuple[list[dict], str]:
         name = LABEL[cfg["mixer"]] + (f" [{cfg['ssog_backend']}]" if cfg["mixer"] == "ssog" else "")
         ok = r.get("status") == "ok"
         speed = (ref["median_s"] / r["median_s"]) if ok and ref and ref.get("status") == "ok" else None
-        rows.append(dict(name=name, mixer=cfg["mixer"], grid=cfg["grid"], backend=cfg["ssog_backend"] if cfg["mixer"] == "ssog" else None,
+        rows.append(dict(name=name, mixer=cfg["mixer"], grid=cfg["grid"],
+                         backend=cfg["ssog_backend"] if cfg["mixer"] == "ssog" else None,
                          status=r.get("status"), median_s=r.get("median_s"), spread=r.get("spread"),
-                         rounds=r.get("rounds", 1), gmac=macs / 1e9, gmac_per_s=(macs / 1e9 / r["median_s"]) if ok else None,
+                         rounds=r.get("rounds", 1), gmac=macs / 1e9,
+                         gmac_per_s=(macs / 1e9 / r["median_s"]) if ok else None,
                          peak_mb=(r["peak_bytes"] / 2**20) if ok else None, speedup_vs_sdpa=speed, error=r.get("error")))
     table = report.md_table(
         ["mixer", "GMAC", "median ms", "spread", "GMAC/s", "peak MB", "speed-up vs fused SDPA", "status"],
