@@ -277,6 +277,7 @@ class SSoG(nn.Module):
                 if not bool((val > SIGMA_FLOOR).all()):
                     raise ValueError(f"sigma must exceed the floor {SIGMA_FLOOR} of its softplus "
                                      f"parametrisation; got min {float(val.min()):.3g}")
+                gaussian.check_representable(self.mu, val, self.alpha.dtype, name="SSoG kernel")
                 self.sigma_raw.copy_(_inverse_softplus(val - SIGMA_FLOOR))
             else:
                 getattr(self, name).copy_(val)
@@ -304,6 +305,8 @@ class SSoG(nn.Module):
         B, H, W, C = x.shape
         v = self.v_proj(x).reshape(B, H, W, self.num_heads, self.head_dim)
         backend = self.backend
+        # a kernel the dtype cannot carry would come out as NaN: refuse instead
+        gaussian.check_representable(self.mu, self.gaussian_params()[2], self.alpha.dtype, name="SSoG kernel")
         if backend == "auto":
             backend = choose_backend(H, W, *self.gaussian_params())
         y = ssog_mix(v, *self.gaussian_params(), backend=backend)
