@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import secrets
+import sys
 import time
 from typing import Callable
 
@@ -34,7 +36,47 @@ import torch
 from .. import gaussian
 
 KW_CONSTANT = 1.648  # Kuczynski & Wozniakowski (1992), Theorem 4.2: P(eps >= e) <= 1.648 sqrt(n) exp(-sqrt(e)(2q-1))
-ROUNDING = 1e-12  # relative margin added to values computed by LAPACK so they stay upper bounds in float64
+# Lanczos checks its stopping rule every CHECK_EVERY steps; the failure probability is split over them.
+CHECK_EVERY = 10
+
+
+def svd_relative_error(m: int, n: int, dtype) -> float:
+    """Backward error of LAPACK's SVD / symmetric eigensolver on an m x n matrix: the computed singular
+    values are exact for A + E with ||E||_2 <= p(m, n) u ||A||_2 and the computed singular vectors are
+    within p(m, n) u of orthonormal ones (LAPACK Users' Guide 4.9, Higham Thm 19.4 for the Householder
+    reductions: gamma_{c m n}). We take p(m, n) = 8 m n; proofs/S2.md, 'rounding margins'."""
+    return gaussian.gamma(8 * max(int(m), 1) * max(int(n), 1), dtype)
+
+
+# Kept for callers that bound the norm of one weight matrix in float64 (matrices up to 3072 x 768).
+ROUNDING = svd_relative_error(3072, 768, torch.float64)
+
+
+def _finite(x: float, what: str) -> float:
+    """NaN/inf is never a bound: refuse with the quantity's name."""
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"{what} came out {x}: not certified. Its inputs are finite, so the layer's scale is "
+                         f"outside what the dtype can bound; rescale the weights or certify in float64")
+    return x
+
+
+def _scale_back(v: float, e: int, *, up: bool) -> float:
+    """v 2^e, rounded outward (up for an upper bound, down for a lower one) where it leaves the normal range."""
+    if v == 0.0:
+        return 0.0
+    try:
+        r = math.ldexp(v, e)
+    except OverflowError:
+        r = math.inf
+    if math.isinf(r):
+        if up:
+            raise ValueError(f"the Lipschitz bound {v:.6g} * 2^{e} exceeds the float64 range: not certified; "
+                             f"rescale the layer's weights (alpha, v_proj, o_proj)")
+        return math.nextafter(math.inf, 0.0)
+    if r < sys.float_info.min:  # subnormal: ldexp rounded to nearest
+        r = math.nextafter(r, math.inf if up else 0.0)
+    return r
 
 
 @contextlib.contextmanager
@@ -55,12 +97,17 @@ def single_thread():
 
 @dataclasses.dataclass
 class SSoGParams:
-    """Fixed-kernel SSoG as numbers: alpha (h, M), mu, sigma (h, M, 2), W_V, W_O (C, C), P_h via heads."""
+    """Fixed-kernel SSoG as numbers: alpha (h, M), mu, sigma (h, M, 2), W_V, W_O (C, C), P_h via heads.
+
+    The layer's operator is 2^log2_scale times the operator of these numbers (see `normalised`);
+    conversion_error bounds the relative rounding of reading the layer's weights into this dtype."""
     alpha: torch.Tensor
     mu: torch.Tensor
     sigma: torch.Tensor
     WV: torch.Tensor  # X @ WV is the value projection
     WO: torch.Tensor  # Y @ WO is the output projection (without bias)
+    log2_scale: int = 0
+    conversion_error: float = 0.0
 
     @property
     def num_heads(self) -> int:
@@ -74,26 +121,91 @@ class SSoGParams:
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
+    @property
+    def u(self) -> float:
+        return gaussian.unit_roundoff(self.WV.dtype)
+
+    def gamma(self, n: float) -> float:
+        return gaussian.gamma(n, self.WV.dtype)
+
     def head_projections(self) -> torch.Tensor:
         d = self.head_dim
         return torch.stack([self.WV[:, i * d:(i + 1) * d] @ self.WO[i * d:(i + 1) * d, :]
                             for i in range(self.num_heads)])
 
+    def head_frobenius(self) -> torch.Tensor:
+        """F_h >= ||W_V,h||_F ||W_O,h||_F >= || |W_V,h| |W_O,h| ||_2: the scale of every rounding error in P_h."""
+        d, h = self.head_dim, self.num_heads
+        fv = self.WV.reshape(self.dim, h, d).square().sum((0, 2)).sqrt()
+        fo = self.WO.reshape(h, d, self.dim).square().sum((1, 2)).sqrt()
+        return fv * fo * (1 + self.gamma(2 * self.dim * d + 4))
+
+    def magnitude(self) -> float:
+        """B = sum_h F_h sum_m |alpha[h, m]| >= ||T|| and >= the norm of T with every entry replaced by its
+        modulus: every rounding error below is a multiple of B (proofs/S2.md, 'rounding margins')."""
+        return float((self.head_frobenius() * self.alpha.abs().sum(1)).sum()) * (1 + self.gamma(self.alpha.shape[1] + self.num_heads + 2))
+
+
+def _pow2_exponent(t: torch.Tensor) -> int:
+    """e with max|t| 2^-e in [1/2, 1) (0 for an all-zero tensor)."""
+    m = float(t.abs().max()) if t.numel() else 0.0
+    return math.frexp(m)[1] if m > 0 else 0
+
+
+def _ldexp(t: torch.Tensor, e: int) -> torch.Tensor:
+    """t 2^e in two exact halves (2^e alone may overflow a double); exact unless an entry leaves the normal range."""
+    a = e // 2
+    return t * (2.0 ** a) * (2.0 ** (e - a))
+
+
+def normalised(p: SSoGParams) -> SSoGParams:
+    """The same operator with max|alpha|, max|W_V|, max|W_O| in [1/2, 1), the power of two moved to
+    log2_scale. Scaling by powers of two is exact (up to entries that underflow, covered by the
+    margins through the smallest normal number), so every bound of the normalised operator times
+    2^log2_scale bounds the layer, at any scale of alpha and weights the dtype can hold."""
+    ea, ev, eo = _pow2_exponent(p.alpha), _pow2_exponent(p.WV), _pow2_exponent(p.WO)
+    if ea == ev == eo == 0:
+        return p
+    return dataclasses.replace(p, alpha=_ldexp(p.alpha, -ea), WV=_ldexp(p.WV, -ev), WO=_ldexp(p.WO, -eo),
+                               log2_scale=p.log2_scale + ea + ev + eo)
+
+
+def check_layer_dtype(layer) -> None:
+    """Half-precision layers are refused: their kernel exponents overflow at ordinary widths."""
+    dt = layer.alpha.dtype
+    if dt not in (torch.float32, torch.float64):
+        raise ValueError(f"layer parameters are {dt}: a {dt} SSoG layer is not certified (its kernel exponents "
+                         f"-(k - mu)^2 / (2 sigma^2) overflow at ordinary widths); convert it with layer.float() "
+                         f"or layer.double() and certify that")
+
 
 def ssog_params(layer, *, dtype=torch.float64, device=None) -> SSoGParams:
-    """Read alpha, mu, sigma, W_V, W_O from an SSoG module in `dtype`; non-finite values raise."""
+    """Read alpha, mu, sigma, W_V, W_O from an SSoG module in `dtype`; non-finite values raise.
+
+    The kernel must be representable both in the layer's own dtype (else its forward pass is NaN)
+    and in `dtype` (else its bound is)."""
     if not all(hasattr(layer, a) for a in ("gaussian_params", "v_proj", "o_proj")):
         raise TypeError(f"layer must be a lipcheck SSoG module, got {type(layer).__name__}")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"certification dtype must be torch.float32 or torch.float64, got {dtype}")
+    check_layer_dtype(layer)
     device = torch.device(device) if device is not None else layer.alpha.device
     with torch.no_grad():
-        alpha, mu, sigma = (t.detach().to(device=device, dtype=dtype) for t in layer.gaussian_params())
-        WV = layer.v_proj.weight.detach().T.to(device=device, dtype=dtype)
-        WO = layer.o_proj.weight.detach().T.to(device=device, dtype=dtype)
-    for name, t in (("alpha", alpha), ("mu", mu), ("sigma", sigma), ("v_proj.weight", WV), ("o_proj.weight", WO)):
+        raw = [t.detach() for t in layer.gaussian_params()]
+        raw += [layer.v_proj.weight.detach().T, layer.o_proj.weight.detach().T]
+    for name, t in zip(("alpha", "mu", "sigma", "v_proj.weight", "o_proj.weight"), raw):
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"layer parameter {name} has non-finite entries; a Lipschitz bound of a layer "
                              f"with NaN/inf weights is meaningless: reinitialise or fix the weights first")
-    return SSoGParams(alpha, mu, sigma, WV, WO)
+    gaussian.check_representable(raw[1], raw[2], raw[2].dtype, name="the layer's kernel (its own dtype)")
+    alpha, mu, sigma, WV, WO = (t.to(device=device, dtype=dtype) for t in raw)
+    gaussian.check_representable(mu, sigma, dtype, name=f"the kernel in the certification dtype {dtype}")
+    for name, t0, t in zip(("alpha", "mu", "sigma", "v_proj.weight", "o_proj.weight"), raw, (alpha, mu, sigma, WV, WO)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"layer parameter {name} overflows {dtype}; certify in float64")
+    # reading float64 weights into float32 rounds each entry once (relative u): a perturbation of the operator
+    conv = 3 * gaussian.gamma(3, dtype) if torch.finfo(raw[0].dtype).bits > torch.finfo(dtype).bits else 0.0
+    return SSoGParams(alpha, mu, sigma, WV, WO, conversion_error=conv)
 
 
 def _mix(V: torch.Tensor, p: SSoGParams, mu: torch.Tensor) -> torch.Tensor:
@@ -124,27 +236,77 @@ def dense_operator(p: SSoGParams, H: int, W: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
+# Rounding errors of the kernel as the bounds read it (proofs/S2.md, "rounding margins")
+
+
+def _log_range(dtype) -> float:
+    """-log of the smallest positive (subnormal) number: |log g| of every tap that is not flushed to 0."""
+    fi = torch.finfo(dtype)
+    return -math.log(fi.smallest_normal) - math.log(fi.eps) + 1
+
+
+def tap_error(p: SSoGParams) -> torch.Tensor:
+    """(h, M, 2) bound on the relative error of every tap g(k) that is a normal number (gaussian.tap_relative_error
+    at the largest |log g| the dtype holds); taps below the smallest normal number err by at most that number."""
+    lz = gaussian.log_normaliser(p.mu, p.sigma).abs()
+    return torch.expm1(p.gamma(8) * (_log_range(p.WV.dtype) + 2 * lz + 4)) + p.u
+
+
+def symbol_error(p: SSoGParams, terms: int = 2 * gaussian.DIRECT_TERMS + 1) -> torch.Tensor:
+    """(h, M, 2) bound on |fl(ghat(w)) - ghat(w)| for |w| <= pi + 2 pi (terms sum of <= `terms` taps
+    times phases exp(-i k w) with |k| <= |round(mu)| + terms): taps, phases, the sum, flushed taps."""
+    c = torch.round(p.mu).abs()
+    tiny = torch.finfo(p.WV.dtype).smallest_normal
+    return (tap_error(p) + p.gamma(terms + 6) + 4 * p.u * (2 + 3 * math.pi * (c + terms + 2))
+            + terms * tiny)
+
+
+def coefficient_error(p: SSoGParams, e: torch.Tensor) -> torch.Tensor:
+    """(h,) bound on |fl(c_h) - c_h|, c_h = sum_m alpha ghat_y ghat_x, from per-axis symbol errors e (h, M, 2)."""
+    ey, ex = e[..., 0], e[..., 1]
+    A = p.alpha.abs()
+    M = p.alpha.shape[1]
+    return ((A * (ey + ex + ey * ex)).sum(1) + p.gamma(M + 3) * (A * (1 + ey) * (1 + ex)).sum(1)
+            + M * torch.finfo(p.WV.dtype).smallest_normal)
+
+
+def dense_error(p: SSoGParams, N: int) -> float:
+    """Bound on ||fl(T) - T||_2 for the dense matrix (and the fast operator) on N tokens: relative errors
+    of the taps and of the products alpha g_y g_x P_h, flushed taps, and reading the weights into the dtype."""
+    eps = float(tap_error(p).max())
+    tiny = torch.finfo(p.WV.dtype).smallest_normal
+    rel = 2 * eps + eps * eps + p.gamma(p.alpha.shape[1] + p.head_dim + 2 * p.dim + 8) + p.conversion_error
+    return (rel + 4 * N * tiny) * p.magnitude()
+
+
+# --------------------------------------------------------------------------------------------------
 # Closed form (S1, last inequality)
 
 
 def head_norms(p: SSoGParams) -> torch.Tensor:
-    """||P_h||_2 for every head; P_h = W_V,h W_O,h has rank d, so QR reduces it to a d x d SVD."""
-    d, out = p.head_dim, []
+    """Certified ||P_h||_2 >= the exact norm for every head; P_h = W_V,h W_O,h has rank d, so QR reduces it to a
+    d x d SVD. Margins: the SVD's backward error, the QRs' (gamma_{8 C d} ||W||_F each), the product R1 R2^T."""
+    d = p.head_dim
+    out = []
     with single_thread():
-        return _head_norms(p, d, out)
+        for i in range(p.num_heads):
+            R1 = torch.linalg.qr(p.WV[:, i * d:(i + 1) * d]).R
+            R2 = torch.linalg.qr(p.WO[i * d:(i + 1) * d, :].T).R
+            out.append(torch.linalg.matrix_norm(R1 @ R2.T, ord=2))
+    s = torch.stack(out)
+    err = (2 * p.gamma(8 * p.dim * d) + p.gamma(d + 2) + p.conversion_error) * p.head_frobenius()
+    return s / (1 - svd_relative_error(d, d, p.WV.dtype)) + err
 
 
-def _head_norms(p, d, out):
-    for i in range(p.num_heads):
-        R1 = torch.linalg.qr(p.WV[:, i * d:(i + 1) * d]).R
-        R2 = torch.linalg.qr(p.WO[i * d:(i + 1) * d, :].T).R
-        out.append(torch.linalg.matrix_norm(R1 @ R2.T, ord=2))
-    return torch.stack(out) * (1 + ROUNDING)
+def _closed_form(q: SSoGParams) -> float:
+    return _finite(float((head_norms(q) * q.alpha.abs().sum(1)).sum())
+                   * (1 + q.gamma(q.alpha.shape[1] + q.num_heads + 2)), "closed-form bound")
 
 
 def closed_form_bound(p: SSoGParams) -> float:
-    """sum_h ||P_h||_2 sum_m |alpha[h, m]|: no sigma, no mu, no grid."""
-    return float((head_norms(p) * p.alpha.abs().sum(1)).sum())
+    """sum_h ||P_h||_2 sum_m |alpha[h, m]|: no sigma, no mu, no grid. Certified (rounded up), any scale."""
+    q = normalised(p)
+    return _scale_back(_closed_form(q), q.log2_scale, up=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,16 +339,31 @@ def truncated_symbols(p: SSoGParams, H: int, W: int):
     return gy, gx, wy, wx
 
 
-def derivative_bounds(p: SSoGParams) -> torch.Tensor:
-    """(D1, D2) with Dj = sum_k |k|^j g(k; mu, sigma) >= sup_w |d^j ghat / dw^j|, each (h, M, 2).
+def truncated_symbol_error(p: SSoGParams, H: int, W: int) -> torch.Tensor:
+    """(h, M, 2) bound on the error of `truncated_symbols`: 2n - 1 taps times phases with |k w| <= 2 pi n."""
+    e = tap_error(p)
+    tiny = torch.finfo(p.WV.dtype).smallest_normal
+    out = [e[..., ax] + p.gamma(2 * n + 2) + 4 * p.u * (2 + 2 * math.pi * n) + 2 * n * tiny
+           for ax, n in ((0, H), (1, W))]
+    return torch.stack(out, -1)
 
-    A direct lattice sum over round(mu) +- (12 sigma + 12): the neglected tail is below exp(-72) relative.
-    """
+
+def derivative_bounds(p: SSoGParams) -> torch.Tensor:
+    """(D1, D2) with Dj = sum_k |k|^j g(k; mu, sigma) >= sup_w |d^j ghat / dw^j|, each (h, M, 2), rounded up.
+
+    A direct lattice sum over round(mu) +- R, R = 12 sigma + 12; the tail beyond is bounded by
+    4 (|mu| + R + 1)^2 exp(-R'^2 / (2 sigma^2) - log Z) / (1 - exp(-1/sigma)), R' = R - 1/2 >= 12 sigma + 11."""
     R = int(math.ceil(12 * float(p.sigma.max()) + 12))
     j = torch.arange(-R, R + 1, dtype=p.mu.dtype, device=p.mu.device)
     k = torch.round(p.mu).unsqueeze(-1) + j
     g = gaussian.kernel(k, p.mu.unsqueeze(-1), p.sigma.unsqueeze(-1))
-    return (k.abs() * g).sum(-1) * (1 + 1e-9), (k.square() * g).sum(-1) * (1 + 1e-9)
+    Rp = 12 * p.sigma + 11
+    tail = (4 * (p.mu.abs() + R + 1).square()
+            * torch.exp(-Rp.square() / (2 * p.sigma.square()) - gaussian.log_normaliser(p.mu, p.sigma))
+            / (-torch.expm1(-1 / p.sigma)) + 2 * (2 * R + 1) * torch.finfo(p.WV.dtype).smallest_normal
+            * (p.mu.abs() + R + 1).square())
+    rel = 1 + p.gamma(2 * R + 6) + tap_error(p)
+    return (k.abs() * g).sum(-1) * rel + tail, (k.square() * g).sum(-1) * rel + tail
 
 
 def symbol_and_gradient(p: SSoGParams, wy: torch.Tensor, wx: torch.Tensor):
@@ -207,8 +384,17 @@ def symbol_and_gradient(p: SSoGParams, wy: torch.Tensor, wx: torch.Tensor):
     return c, J
 
 
+def two_by_two_norm(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """||[[p, q], [r, s]]||_2 = (hypot(p + s, q - r) + hypot(p - s, q + r)) / 2 for real entries: sums and
+    hypot only, no cancellation against a trace, no overflow of squares. Relative error <= gamma_4 for
+    nonnegative entries (proofs/S2.md)."""
+    return (torch.hypot(p + s, q - r) + torch.hypot(p - s, q + r)) / 2
+
+
 class SymbolNorm:
-    """f(c) = ||W_V diag(c_h I_d) W_O||_2 for coefficient vectors c in C^h, exact at anchors, bounded elsewhere."""
+    """f(c) = ||W_V diag(c_h I_d) W_O||_2 for coefficient vectors c in C^h, exact at anchors, bounded elsewhere.
+
+    Every bound returned is >= the exact f at the given c, rounding included (proofs/S2.md)."""
 
     def __init__(self, p: SSoGParams):
         self.p = p
@@ -216,10 +402,17 @@ class SymbolNorm:
         self.cdt = cdt
         self.WV, self.WO = p.WV.to(cdt), p.WO.to(cdt)
         self.h, self.d = p.num_heads, p.head_dim
+        C = p.dim
         self.Pnorm = head_norms(p)  # (h,)
+        self.F = p.head_frobenius()  # (h,)
+        self.svd_rel = svd_relative_error(C, C, p.WV.dtype)
         with single_thread():
-            self.nWV = float(torch.linalg.matrix_norm(p.WV, ord=2)) * (1 + ROUNDING)
-            self.nWO = float(torch.linalg.matrix_norm(p.WO, ord=2)) * (1 + ROUNDING)
+            fv, fo = float(p.WV.norm()), float(p.WO.norm())
+            self.nWV = float(torch.linalg.matrix_norm(p.WV, ord=2)) / (1 - self.svd_rel) + p.gamma(C * C) * fv
+            self.nWO = float(torch.linalg.matrix_norm(p.WO, ord=2)) / (1 - self.svd_rel) + p.gamma(C * C) * fo
+        self.sum_rel = p.gamma(self.h + 3)
+        # rounding in the anchor quantities (inner products of length <= 2 C + d through the head blocks)
+        self.ip = p.gamma(2 * C + self.d + 2 * self.h + 8)
         self.anchors: list[dict] = []
         self.num_svd = 0
 
@@ -231,13 +424,15 @@ class SymbolNorm:
     def delta_norm(self, dc: torch.Tensor) -> torch.Tensor:
         """Certified ||sum_h dc_h P_h||: the smaller of the triangle bound and ||W_V|| max|dc| ||W_O||."""
         a = dc.abs()
-        return torch.minimum((a * self.Pnorm).sum(-1), self.nWV * self.nWO * a.max(-1).values)
+        return torch.minimum((a * self.Pnorm).sum(-1), self.nWV * self.nWO * a.max(-1).values) * (1 + self.sum_rel)
 
     def cheap(self, c: torch.Tensor) -> torch.Tensor:
         return self.delta_norm(c)
 
     def add_anchors(self, c: torch.Tensor) -> torch.Tensor:
-        """Exact SVDs at coefficient vectors c (k, h); stores what the anchor bound needs; returns s1 (k,)."""
+        """Exact SVDs at coefficient vectors c (k, h); stores what the anchor bound needs; returns a certified
+        upper bound on f(c) (k,): the computed s1 is exact for S + E, ||E|| <= svd_rel s1, and S itself was
+        formed with error <= gamma_{C+2} sum_h |c_h| F_h."""
         S = self.matrix(c)
         with single_thread():
             U, s, Vh = torch.linalg.svd(S)
@@ -254,11 +449,13 @@ class SymbolNorm:
         t = torch.einsum("khc,kc->kh", rows, v1)  # u1^* P_h v1
         Gu = torch.einsum("kac,kbc->kab", rows, rows.conj())  # <row_a, row_b>
         Gv = torch.einsum("kac,kbc->kab", cols.conj(), cols)
-        s1 = s[:, 0] * (1 + ROUNDING)
-        s2 = (s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0])) * (1 + ROUNDING)
-        new = dict(c=c.to(self.cdt), s1=s1, s2=s2, t=t, Gu=Gu, Gv=Gv)
+        s1, s2 = s[:, 0], (s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0]))
+        # E: the SVD's backward error plus the rounding of forming S(c)
+        eS = self.svd_rel * s1 / (1 - self.svd_rel) + self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
+        new = dict(c=c.to(self.cdt), s1=s1, s2=s2, t=t, Gu=Gu, Gv=Gv, eS=eS)
         self.anchors.append(new)
-        return s[:, 0]
+        self._last_values = s1
+        return s1 + eS
 
     def anchor_bound(self, c: torch.Tensor, anchor: dict) -> torch.Tensor:
         """Certified upper bound on f at coefficient vectors c (n, h) from a batch of anchors: min over them.
@@ -266,22 +463,25 @@ class SymbolNorm:
         For one anchor (s1 >= s2 its top singular values, u1, v1): with Delta = S(c) - S(anchor),
         a = u1^* Delta v1, b = u1^* Delta minus its v1 part, r = Delta v1 minus its u1 part,
         ||S(c)|| <= || [[|s1 + a|, ||b||], [||r||, s2 + ||Delta||]] ||_2 (norm of the block-norm matrix).
+        Rounding: the singular vectors are within svd_rel of exact ones of S + E, the quadratic forms carry
+        inner-product errors; |a| errs by <= e = ip D_F + 2 svd_rel D, ||b||^2 and ||r||^2 by <= 4 e D_F,
+        with D = ||Delta|| (certified) and D_F = sum_h |dc_h| F_h; the 2 x 2 norm by gamma_4 relative.
         """
         dc = c.to(self.cdt)[:, None, :] - anchor["c"][None]  # (n, A, h)
         a = torch.einsum("nah,ah->na", dc, anchor["t"])
-        bu = torch.einsum("nai,aij,naj->na", dc, anchor["Gu"], dc.conj()).real.clamp_min(0)  # ||u1^* Delta||^2
-        bv = torch.einsum("nai,aij,naj->na", dc.conj(), anchor["Gv"], dc).real.clamp_min(0)  # ||Delta v1||^2
-        aa = a.abs().square()
-        q2 = (bu - aa).clamp_min(0) * (1 + 1e-9) + 1e-300
-        r2 = (bv - aa).clamp_min(0) * (1 + 1e-9) + 1e-300
+        bu = torch.einsum("nai,aij,naj->na", dc, anchor["Gu"], dc.conj()).real  # ||u1^* Delta||^2
+        bv = torch.einsum("nai,aij,naj->na", dc.conj(), anchor["Gv"], dc).real  # ||Delta v1||^2
         dn = self.delta_norm(dc)
-        pp = (anchor["s1"][None] + a).abs()
+        DF = (dc.abs() * self.F).sum(-1) * (1 + self.sum_rel)
+        e = self.ip * DF + 2 * self.svd_rel * dn
+        aa = a.abs().square()
+        q = ((bu - aa).clamp_min(0) + 4 * e * DF).sqrt()
+        r = ((bv - aa).clamp_min(0) + 4 * e * DF).sqrt()
+        pp = (anchor["s1"][None] + a).abs() + e
         ss = anchor["s2"][None] + dn
-        tr = pp.square() + q2 + r2 + ss.square()
-        det = (pp * ss - (q2 * r2).sqrt()).abs()
-        two_by_two = ((tr + (tr.square() - 4 * det.square()).clamp_min(0).sqrt()) / 2).sqrt()
-        first_order = anchor["s1"][None] + dn
-        return torch.minimum(two_by_two, first_order).min(-1).values * (1 + 1e-12)
+        two = two_by_two_norm(pp, q, r, ss) * (1 + self.p.gamma(6))
+        first_order = (anchor["s1"][None] + dn) * (1 + self.p.gamma(2))
+        return (torch.minimum(two, first_order) + anchor["eS"][None]).min(-1).values
 
     def all_anchors(self) -> dict | None:
         if not self.anchors:
@@ -314,6 +514,13 @@ class SymbolMax:
     num_points: int
 
 
+def _no_nan(t: torch.Tensor, what: str) -> torch.Tensor:
+    if bool(torch.isnan(t).any()) or bool(torch.isinf(t).any()):
+        raise ValueError(f"{what} has NaN/inf entries: not certified (a non-finite symbol or SVD); "
+                         f"check the layer's kernel (sigma, mu) and weights, or certify in float64")
+    return t
+
+
 def certified_max_points(sn: SymbolNorm, c: torch.Tensor, w: torch.Tensor, *, rtol: float = 1e-9,
                          batch: int = 4, max_svd: int = 100000) -> SymbolMax:
     """Certified max of f over finitely many frequencies (coefficients c (n, h), frequencies w (n, 2)).
@@ -322,7 +529,7 @@ def certified_max_points(sn: SymbolNorm, c: torch.Tensor, w: torch.Tensor, *, rt
     the new anchor, drop points whose bound is within rtol of the best value, repeat.
     """
     n = c.shape[0]
-    ub = sn.bound(c)
+    ub = _no_nan(sn.bound(_no_nan(c, "symbol coefficients")), "symbol-norm bounds")
     best, arg = -1.0, 0
     done = torch.zeros(n, dtype=torch.bool, device=c.device)
     while True:
@@ -332,28 +539,43 @@ def certified_max_points(sn: SymbolNorm, c: torch.Tensor, w: torch.Tensor, *, rt
         idx = torch.nonzero(active).squeeze(1)
         pick = idx[torch.topk(ub[idx], min(batch, idx.numel())).indices]
         sn.all_anchors()
-        vals = sn.add_anchors(c[pick])
+        cert = _no_nan(sn.add_anchors(c[pick]), "anchor singular values")
+        vals = sn._last_values
         new = sn.anchors[-1]
         done[pick] = True
-        ub[pick] = vals * (1 + ROUNDING)
+        ub[pick] = cert
         for j in range(vals.numel()):
             if float(vals[j]) > best:
                 best, arg = float(vals[j]), int(pick[j])
         rest = ~done
         if bool(rest.any()):
-            ub[rest] = torch.minimum(ub[rest], sn.bound(c[rest], new))
-    return SymbolMax(best, max(best, float(ub.max())), (float(w[arg, 0]), float(w[arg, 1])), sn.num_svd, n)
+            ub[rest] = torch.minimum(ub[rest], _no_nan(sn.bound(c[rest], new), "anchor bounds"))
+    upper = max(best, float(ub.max())) if n else 0.0
+    return SymbolMax(max(best, 0.0), _finite(upper, "symbol maximum"),
+                     (float(w[arg, 0]), float(w[arg, 1])) if n else (0.0, 0.0), sn.num_svd, n)
+
+
+def _scaled(m: SymbolMax, e: int) -> SymbolMax:
+    return dataclasses.replace(m, lower=_scale_back(m.lower, e, up=False), upper=_scale_back(m.upper, e, up=True))
 
 
 def circulant_bound(p: SSoGParams, H: int, W: int, *, sn: SymbolNorm | None = None, rtol: float = 1e-9) -> SymbolMax:
-    """||T||_2 <= ||block-circulant embedding|| = max over the (2H-1) x (2W-1) DFT grid of ||S(w)|| (S2)."""
-    gy, gx, wy, wx = truncated_symbols(p, H, W)
-    c = torch.einsum("hm,ahm,bhm->abh", p.alpha.to(gy.dtype), gy, gx).reshape(-1, p.num_heads)
+    """||T||_2 <= ||block-circulant embedding|| = max over the (2H-1) x (2W-1) DFT grid of ||S(w)|| (S2).
+
+    Computed for the normalised operator (sn, when given, must be built on `normalised(p)`) and scaled
+    back; upper includes the rounding of the truncated symbols (truncated_symbol_error)."""
+    _check_grid_size(H, W)
+    q = normalised(p)
+    gy, gx, wy, wx = truncated_symbols(q, H, W)
+    c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx).reshape(-1, q.num_heads)
     w = torch.stack(torch.meshgrid(wy, wx, indexing="ij"), -1).reshape(-1, 2)
     # f(-w) = f(w) (real kernels: conjugate symbols), so half of the grid suffices
     keep = (w[:, 0] > 0) | ((w[:, 0] == 0) & (w[:, 1] >= 0))
-    sn = sn if sn is not None else SymbolNorm(p)
-    return certified_max_points(sn, c[keep], w[keep], rtol=rtol)
+    sn = sn if sn is not None else SymbolNorm(q)
+    m = certified_max_points(sn, c[keep], w[keep], rtol=rtol)
+    err = float(sn.delta_norm(coefficient_error(q, truncated_symbol_error(q, H, W))))
+    m = dataclasses.replace(m, upper=m.upper + err)
+    return _scaled(m, q.log2_scale)
 
 
 def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: float = 1e-6,
@@ -368,16 +590,37 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
     second order in r. Branch and bound: SVD anchors at the most promising centres, retire cells within
     best (1 + rtol), split the others. Returns (SymbolMax, info); info['achieved_rtol'] says how tight it got.
     """
-    sn = sn if sn is not None else SymbolNorm(p)
+    q0 = normalised(p)
+    m, info = _resolution_free(q0, sn=sn if sn is not None else SymbolNorm(q0), rtol=rtol, init_cells=init_cells,
+                               max_cells=max_cells, max_rounds=max_rounds, anchors_per_round=anchors_per_round,
+                               progress=progress)
+    return _scaled(m, q0.log2_scale), info
+
+
+def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: int, max_cells: int,
+                     max_rounds: int, anchors_per_round: int | None, progress: bool) -> tuple[SymbolMax, dict]:
     dt, dev = p.WV.dtype, p.WV.device
     D1, D2 = derivative_bounds(p)  # (h, M, 2)
     A = p.alpha.abs()
     corners = torch.tensor([[-1, -1], [-1, 1], [1, -1], [1, 1]], dtype=dt, device=dev)
+    # rounding: c at the centres errs by eta_c, each 1-D derivative by eta_d per unit of |w - w0|
+    es = symbol_error(p)
+    eta_c = coefficient_error(p, es)  # (h,)
+    sig, cabs = p.sigma, torch.round(p.mu).abs()
+    ed = es * (cabs + 2 * gaussian.DIRECT_TERMS + 2 + 2 * sig + 2 * math.pi * sig.square())  # derivative errors
+    eta_d = torch.stack([(A * (ed[..., 0] * (1 + es[..., 1]) + es[..., 0] * D1[..., 1])).sum(1),
+                         (A * (ed[..., 1] * (1 + es[..., 0]) + es[..., 1] * D1[..., 0])).sum(1)], -1)  # (h, 2)
+    eta_d = eta_d * (1 + p.gamma(p.alpha.shape[1] + 3))
+    c_abs = A.sum(1)  # |c_h| <= sum |alpha| (|ghat| <= 1)
+    J_abs = torch.stack([(A * D1[..., 0]).sum(1), (A * D1[..., 1]).sum(1)], -1)  # |dc_h/dw| bounds
 
-    def remainder(r):  # (n, h): Taylor remainder of c_h over the cell
+    def remainder(r):  # (n, h): Taylor remainder of c_h over the cell, plus every rounding in c, J and the corners
         ry, rx = r[:, :1, None], r[:, 1:, None]
         q = D2[..., 0] * ry ** 2 + 2 * D1[..., 0] * D1[..., 1] * ry * rx + D2[..., 1] * rx ** 2
-        return 0.5 * (A * q).sum(-1)
+        rr = r[:, None, :]
+        rounding = (eta_c[None] + (eta_d[None] * rr).sum(-1)
+                    + p.gamma(6) * (c_abs[None] + eta_c[None] + ((J_abs + eta_d)[None] * rr).sum(-1)))
+        return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + rounding
 
     def cell_bounds(c, J, r, anchors=None):  # (n, 4) corner bounds (without the remainder)
         pts = c[:, None, :] + (J[:, None, :, :] * (corners[None, :, None, :] * r[:, None, None, :])).sum(-1)
@@ -391,6 +634,7 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
     w = torch.stack(torch.meshgrid(cy, cx, indexing="ij"), -1).reshape(-1, 2)
     r = torch.tensor([[ry, rx]], dtype=dt, device=dev).expand(w.shape[0], 2).clone()
     c, J = symbol_and_gradient(p, w[:, 0], w[:, 1])
+    _no_nan(c, "symbol coefficients"), _no_nan(J, "symbol gradients"), _no_nan(D2, "derivative bounds")
     cb = sn.bound(c)
     kb = cell_bounds(c, J, r)
     best, arg = 0.0, (0.0, 0.0)
@@ -409,14 +653,15 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
             ubn = kb[idx].max(-1).values
             pick = idx[torch.topk(ubn, min(k_anchor, idx.numel())).indices]
             sn.all_anchors()
-            vals = sn.add_anchors(c[pick])
+            _no_nan(sn.add_anchors(c[pick]), "anchor singular values")
+            vals = sn._last_values
             new = sn.anchors[-1]
             j = int(vals.argmax())
             if float(vals[j]) > best:
                 best, arg = float(vals[j]), (float(w[pick[j], 0]), float(w[pick[j], 1]))
             cb = torch.minimum(cb, sn.bound(c, new))
             kb = torch.minimum(kb, cell_bounds(c, J, r, new))
-        ub = kb.max(-1).values + sn.delta_norm(remainder(r))
+        ub = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
         ok = ub <= best * (1 + rtol)
         if bool(ok.any()):
             retired = max(retired, float(ub[ok].max()))
@@ -441,7 +686,9 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
     bar.close()
     upper = max(retired, best)
     if w.shape[0]:
-        upper = max(upper, float((kb.max(-1).values + sn.delta_norm(remainder(r))).max()))
+        left = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
+        upper = max(upper, float(left.max()))
+    upper = _finite(upper, "resolution-free bound")
     info = dict(rounds=rounds, svds=sn.num_svd, cells_left=int(w.shape[0]),
                 achieved_rtol=upper / best - 1 if best > 0 else float("inf"))
     return SymbolMax(best, upper, arg, sn.num_svd, -1), info
@@ -503,42 +750,84 @@ def lanczos(A: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, steps: 
 
 
 def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[float, int]:
-    """Gram iteration (Delattre et al. 2023) on the dense T: ||T||^2 = lambda_1(G), G = T^T T, and for
-    G_k = G^(2^k): lambda_1^(2^(k+1)) <= ||G_k||_F^2 - sum_{i=2..m} mu_i^2 with mu the Ritz values of G_k
-    on m orthonormal vectors (Cauchy interlacing, G_k PSD). Returns (bound, squarings used)."""
+    """Certified ||T||_2 for the matrix T as stored, by Gram iteration (Delattre et al. 2023) with every
+    rounding error carried: returns (bound, squarings used).
+
+    G_0 = fl(T^T T) = T^T T + E_0, ||E_0||_F <= (gamma_m + 2u) ||T||_F^2. At level k the iterate is divided by
+    f_k = its computed Frobenius norm, N_k = fl(G_k / f_k), and G_{k+1} = sym(fl(N_k N_k)) = N_k^2 + E_k with
+    ||E_k||_F <= (gamma_n + 2u) ||N_k||_F^2 (|N||N| has Frobenius norm <= ||N||_F^2). Hence, with F_k >= ||N_k||_F,
+        ||N_k||_2^2 <= f_{k+1} (||N_{k+1}||_2 + u' F_{k+1}) + (gamma_n + 2u) F_k^2,   u' = u / (1 - u),
+        ||T||_2^2  <= f_0 (||N_0||_2 + u' F_0) + (gamma_m + 2u) ||T||_F^2,
+    run backwards from b_K = F_K >= ||N_K||_2 or, at the last level, from the Cauchy-interlacing bound
+    ||N_K||_2^2 <= F_K^2 - sum_{i=2..m} mu_i^2 with Ritz values mu_i made safe for the nonorthogonality of the
+    computed basis (Ostrowski) and the eigensolver's backward error. proofs/S2.md, 'Gram iteration'.
+    """
+    dt = T.dtype
+    g = lambda k: gaussian.gamma(k, dt)  # noqa: E731
+    u = gaussian.unit_roundoff(dt)
+    up = u / (1 - u)
+    m_rows, n = T.shape
+    if not bool(torch.isfinite(T).all()):
+        raise ValueError("the dense operator has NaN/inf entries: not certified")
+    tF = float(T.norm()) * (1 + g(m_rows * n + 2))
+    if tF == 0.0:
+        return 0.0, 0
+    e0 = (g(m_rows) + 2 * u) * tF ** 2
+    ek = g(n) + 2 * u
     G = T.T @ T
-    logscale = 0.0
-    best = math.inf
-    n = G.shape[0]
-    used = 0
+    G = (G + G.T) / 2
+    f, F = [], []
+    ritz_b = None
     for k in range(squarings + 1):
-        fro = float(G.norm())
-        G = G / fro
-        logscale = logscale + math.log(fro) / 2 ** k  # G_k = exp(2^k logscale) * G
-        if k < squarings:  # plain Frobenius bound; the interlacing tightening only at the last iterate
-            bound = math.exp(logscale / 2)
-            if bound < best:
-                best, used = bound, k
-            G = G @ G
-            G = (G + G.T) / 2
-            continue
-        # top-m Ritz values of the normalised G_k
-        m = min(ritz, n)
-        with single_thread():
-            V = torch.linalg.eigh(G).eigenvectors[:, -m:]
-            V = torch.linalg.qr(V).Q
-            mu = torch.linalg.eigvalsh(V.T @ G @ V).clamp_min(0)
-        rest = max(1.0 - float(mu[:-1].square().sum()), 0.0) + 4 * n * 2.2e-16  # ||G_k||_F = 1 now
-        lam = math.exp(logscale + math.log(rest) / 2 ** (k + 1))
-        bound = math.sqrt(lam)
-        if bound < best:
-            best, used = bound, k
-    return best * (1 + ROUNDING), used
+        fk = float(G.norm())
+        if fk == 0.0 or not math.isfinite(fk):
+            if fk == 0.0:  # N_{k-1}^2 rounded to zero: ||N_{k-1}||_2^2 <= its error term alone
+                f.append(0.0)
+                F.append(0.0)
+                break
+            raise ValueError(f"Gram iteration: a Frobenius norm came out {fk}: not certified")
+        N = G / fk
+        f.append(fk)
+        F.append(float(N.norm()) * (1 + g(n * n + 2)))
+        if k == squarings:
+            m = min(ritz, n)
+            with single_thread():
+                V = torch.linalg.eigh(N).eigenvectors[:, -m:]
+                V = torch.linalg.qr(V).Q
+                I = torch.eye(m, dtype=dt, device=T.device)
+                eta = float((V.T @ V - I).norm()) + g(n) * m * 2
+                Mh = V.T @ N @ V
+                mu = torch.linalg.eigvalsh((Mh + Mh.T) / 2)
+            shift = 2 * g(n) * m * (1 + eta) * F[-1] + (svd_relative_error(m, m, dt) + u) * float(mu.abs().max())
+            safe = ((mu - shift) / (1 + eta)).clamp_min(0)
+            rest = F[-1] ** 2 - float(safe[:-1].square().sum()) * (1 - g(m + 2))
+            ritz_b = math.sqrt(max(rest, 0.0)) * (1 + g(4))
+            break
+        G = N @ N
+        G = (G + G.T) / 2
+
+    def back(K: int, bK: float) -> float:
+        b = bK
+        for k in range(K - 1, -1, -1):
+            b = math.sqrt(f[k + 1] * (b + up * F[k + 1]) + ek * F[k] ** 2) * (1 + g(6))
+        return math.sqrt(f[0] * (b + up * F[0]) + e0) * (1 + g(6))
+
+    best, used = math.inf, 0
+    for K in range(len(f)):
+        cand = back(K, F[K])
+        if K == len(f) - 1 and ritz_b is not None:
+            cand = min(cand, back(K, ritz_b))
+        if cand < best:
+            best, used = cand, K
+    return _finite(best, "Gram iteration bound"), used
 
 
 @dataclasses.dataclass
 class SSoGBound:
-    """Two-sided bounds on ||T||_2 for one fixed-kernel SSoG layer on an H x W grid (SPEC S1, S2)."""
+    """Two-sided bounds on ||T||_2 for one fixed-kernel SSoG layer on an H x W grid (SPEC S1, S2).
+
+    seed: the seed of the random Lanczos start (replay with ssog_lipschitz(..., seed=seed));
+    margins: the rounding margins used, from the dtype's unit roundoff (proofs/S2.md)."""
     H: int
     W: int
     lower: float
@@ -554,6 +843,8 @@ class SSoGBound:
     seconds: dict
     method: dict
     info: dict
+    seed: int | None = None
+    margins: dict = dataclasses.field(default_factory=dict)
 
     @property
     def gap(self) -> float:
@@ -575,35 +866,59 @@ def _check_grid_size(H, W):
             raise ValueError(f"{name} must be a positive integer grid size, got {v!r}")
 
 
+def check_schedule(steps_cap: int) -> list[int]:
+    """The Lanczos steps at which the stopping rule may look at the bound: every CHECK_EVERY steps, and the
+    last step. Fixed before the run, so a union bound over it covers whichever check stops the run."""
+    return sorted(set(range(CHECK_EVERY, steps_cap + 1, CHECK_EVERY)) | {steps_cap})
+
+
 def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
                    failure_probability: float = 1e-6, target_gap: float = 1e-3, max_steps: int = 400,
                    memory_bytes: float = 2e9, exact_max: int = 4096, gram_max: int = 1536,
                    resolution_free: bool = True, rf_rtol: float = 1e-6, circulant_rtol: float = 1e-9,
                    symbol_start: bool = True, symbol_start_tokens: int = 1024, symbol_steps: int = 40,
-                   probabilistic: bool = True, seed: int = 0,
+                   probabilistic: bool = True, seed: int | None = None,
                    progress: bool = False) -> SSoGBound:
     """Certified bounds on Lip(SSoG) = ||T||_2 on an H x W grid.
 
-    lower <= exact <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
-    circulant embedding, Gram iteration); upper_probabilistic holds with probability >= 1 - failure_probability
-    over the random Lanczos start. exact is a dense SVD when N C <= exact_max, else None with the reason.
+    lower <= ||T||_2 <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
+    circulant embedding, Gram iteration, dense SVD), every one rounded outward with margins derived from the
+    unit roundoff of `dtype` (float32 or float64). The operator is normalised first (powers of two out of
+    alpha, W_V, W_O) and the bounds scaled back, so any scale the dtype holds is certified; a bound that
+    cannot be represented, a NaN/inf anywhere, a half-precision layer or a kernel its dtype cannot carry
+    raise ValueError instead of returning a number.
+
+    upper_probabilistic holds with probability >= 1 - failure_probability over the random Lanczos start,
+    the adaptive stopping rule included (union bound over the fixed check schedule). seed=None (default)
+    draws a fresh seed, recorded in the result. A seed you choose gives the guarantee only for layers
+    chosen independently of that seed (a layer tuned against a fixed seed can defeat it); reusing the
+    recorded seed replays the run. exact is a dense SVD when N C <= exact_max, else None with the reason.
     """
     _check_grid_size(H, W)
     if not (0 < failure_probability < 1):
         raise ValueError(f"failure_probability must be in (0, 1), got {failure_probability}")
     p = ssog_params(layer, dtype=dtype, device=device)
-    N, C = H * W, p.dim
+    q = normalised(p)
+    e2 = q.log2_scale
+    N, C = H * W, q.dim
     n = N * C
     seconds, method, info = {}, {}, {}
+    B = q.magnitude()
+    dense_err = dense_error(q, N)
+    margins = dict(dtype=str(dtype), unit_roundoff=q.u, log2_scale=e2, magnitude=_scale_back(B, e2, up=True),
+                   dense_error=_scale_back(dense_err, e2, up=True),
+                   svd_relative_error_C=svd_relative_error(C, C, dtype),
+                   svd_relative_error_NC=svd_relative_error(n, n, dtype),
+                   tap_relative_error=float(tap_error(q).max()), conversion_error=q.conversion_error)
 
     t = time.perf_counter()
-    closed = closed_form_bound(p)
+    closed = closed_form_bound(q)
     seconds["closed_form"], method["closed_form"] = time.perf_counter() - t, "sum_h ||P_h|| sum_m |alpha|"
 
-    sn = SymbolNorm(p)
+    sn = SymbolNorm(q)
     t = time.perf_counter()
     if resolution_free:
-        rf, rf_info = resolution_free_bound(p, sn=sn, rtol=rf_rtol, progress=progress)
+        rf, rf_info = resolution_free_bound(q, sn=sn, rtol=rf_rtol, progress=progress)
         rfree = min(rf.upper, closed)
         info["resolution_free"] = dict(symbol_sup_lower=rf.lower, argmax=rf.argmax, **rf_info)
         method["resolution_free"] = "branch and bound on the torus, SVD anchors, second-order cell bounds"
@@ -612,7 +927,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     seconds["resolution_free"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    circ = circulant_bound(p, H, W, sn=SymbolNorm(p), rtol=circulant_rtol)
+    circ = circulant_bound(q, H, W, sn=SymbolNorm(q), rtol=circulant_rtol)
     seconds["circulant"] = time.perf_counter() - t
     method["circulant"] = f"block-circulant embedding, certified max over the {2 * H - 1}x{2 * W - 1} DFT grid"
     info["circulant"] = dict(lower=circ.lower, argmax=circ.argmax, svds=circ.num_svd, points=circ.num_points)
@@ -621,8 +936,9 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     gram = None
     t = time.perf_counter()
     if n <= gram_max:
-        dense = dense_operator(p, H, W)
-        gram, k = gram_bound(dense)
+        dense = dense_operator(q, H, W)
+        g_n, k = gram_bound(dense)
+        gram = _scale_back(g_n + dense_err, e2, up=True)
         method["gram"] = f"Gram iteration, {k} squarings, Cauchy-interlacing tightening"
     else:
         method["gram"] = f"skipped: N*C = {n} > gram_max = {gram_max}"
@@ -632,13 +948,14 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     t = time.perf_counter()
     exact, reason = None, None
     if n <= exact_max:
-        dense = dense if dense is not None else dense_operator(p, H, W)
+        dense = dense if dense is not None else dense_operator(q, H, W)
         with single_thread():
-            exact = float(torch.linalg.matrix_norm(dense, ord=2))
+            s1 = _finite(float(torch.linalg.matrix_norm(dense, ord=2)), "dense SVD")
+        exact = _scale_back(s1, e2, up=True)
         method["exact"] = "dense SVD"
-        # A backward-stable SVD returns sigma_1 of T + E with ||E|| <= c n eps ||T||: with that margin the
-        # dense value is itself a certified upper bound, which closes the gap where Gram iteration was skipped.
-        upper = min(upper, exact * (1 + max(ROUNDING, 16 * n * torch.finfo(torch.float64).eps)))
+        # backward-stable SVD: s1 is exact for T + E, ||E|| <= svd_rel ||T||; with that margin and the error of
+        # the stored matrix the dense value is itself a certified upper bound
+        upper = min(upper, _scale_back(s1 / (1 - svd_relative_error(n, n, dtype)) + dense_err, e2, up=True))
     else:
         reason = (f"N*C = {n} > exact_max = {exact_max}: the dense matrix would take "
                   f"{n * n * 8 / 2 ** 30:.1f} GiB in float64 and O((NC)^3) time")
@@ -648,21 +965,25 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     # Lanczos on T^T T: a symbol-guided start for the lower bound on large grids, a random start for the
     # probabilistic bound (Kuczynski-Wozniakowski needs a start uniform on the sphere)
     t = time.perf_counter()
-    A = lambda v: apply_T_adjoint(apply_T(v, p), p)
+    A = lambda v: apply_T_adjoint(apply_T(v, q), q)  # noqa: E731
     steps_cap = int(max(2, min(max_steps, memory_bytes // (8 * n))))
+    # ||fl(T v) - T v|| <= (dense_err + gamma_n-rounding of the norms) ||v||: the lower bound subtracts it
+    apply_err = dense_err + q.gamma(2 * C + H * q.alpha.shape[1] + W + 8) * B
 
     def lower_of(v):
-        return float(apply_T(v, p).norm() / v.norm())
+        r = float(apply_T(v, q).norm() / v.norm())
+        _finite(r, "Lanczos Rayleigh quotient")
+        return max(0.0, r * (1 - q.gamma(2 * n + 4)) - apply_err)
 
     lower = 0.0
     if symbol_start and N >= symbol_start_tokens:
         # plane wave at the circulant argmax times the top singular direction, under a sine window
-        cs = symbol_coefficients(p, torch.tensor([circ.argmax[0]], dtype=dtype, device=p.WV.device),
-                                 torch.tensor([circ.argmax[1]], dtype=dtype, device=p.WV.device))
+        cs = symbol_coefficients(q, torch.tensor([circ.argmax[0]], dtype=dtype, device=q.WV.device),
+                                 torch.tensor([circ.argmax[1]], dtype=dtype, device=q.WV.device))
         with single_thread():
             U = torch.linalg.svd(sn.matrix(cs)).U[0, :, 0]
-        iy = torch.arange(H, dtype=dtype, device=p.WV.device)
-        ix = torch.arange(W, dtype=dtype, device=p.WV.device)
+        iy = torch.arange(H, dtype=dtype, device=q.WV.device)
+        ix = torch.arange(W, dtype=dtype, device=q.WV.device)
         win = torch.sin(math.pi * (iy[:, None] + 1) / (H + 1)) * torch.sin(math.pi * (ix[None, :] + 1) / (W + 1))
         phase = torch.exp(1j * (circ.argmax[0] * iy[:, None] + circ.argmax[1] * ix[None, :]))
         s0 = (win * phase)[..., None] * U.conj()[None, None, :]
@@ -670,40 +991,55 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
         s0 = s0[None].to(dtype)
         theta2, v2, k2 = lanczos(A, s0, max(2, min(steps_cap, symbol_steps)), progress=progress)
         lower = lower_of(v2)
-        info["lanczos_symbol_start"] = dict(steps=k2, theta=theta2, lower=lower)
+        info["lanczos_symbol_start"] = dict(steps=k2, theta=theta2, lower=_scale_back(lower, e2, up=False))
     seconds["lower"] = time.perf_counter() - t
-    method["lower"] = "||T v|| / ||v|| at a Lanczos Ritz vector (fast operator)"
+    method["lower"] = "||T v|| / ||v|| at a Lanczos Ritz vector (fast operator), minus its rounding bound"
 
+    upper_n = math.ldexp(upper, -e2)  # the deterministic bound in normalised units, for the stopping rule
     t = time.perf_counter()
     if probabilistic:
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        v0 = torch.randn(1, H, W, C, generator=gen, dtype=dtype).to(p.WV.device)
+        if seed is None:
+            seed = secrets.randbits(63)
+        gen = torch.Generator(device="cpu").manual_seed(int(seed))
+        v0 = torch.randn(1, H, W, C, generator=gen, dtype=dtype).to(q.WV.device)
+        schedule = set(check_schedule(min(steps_cap, n)))
+        delta_each = failure_probability / len(schedule)
+        # the Ritz value carries rounding: theta errs by <= (svd_rel(steps) + gamma_(2n)) B^2 (proofs/S2.md)
+        theta_err = lambda j: (svd_relative_error(j, j, dtype) + q.gamma(4 * n + 8)) * B ** 2  # noqa: E731
 
         # where the dense value closed the upper bound, run Lanczos until the lower bound meets it too
         gap_goal = target_gap if exact is None else min(target_gap, 1e-8)
+        checks = []
 
         def stop(theta, j):
-            if j < 5 or j % 5:
+            if j not in schedule:
                 return False
-            eps = kw_epsilon(n, j, failure_probability)
+            checks.append(j)
+            eps = kw_epsilon(n, j, delta_each)
             if eps >= 1:
                 return False
-            up = math.sqrt(max(theta, 0.0) / (1 - eps))
-            return (min(up, upper) / math.sqrt(max(theta, 1e-300)) - 1) <= gap_goal * 0.9
+            up = math.sqrt(max(theta + theta_err(j), 0.0) / (1 - eps))
+            return (min(up, upper_n) / math.sqrt(max(theta, 1e-300)) - 1) <= gap_goal * 0.9
 
         theta, v, steps = lanczos(A, v0, steps_cap, stop=stop, progress=progress)
+        _finite(theta, "Lanczos Ritz value")
         lower = max(lower, lower_of(v))
-        eps = kw_epsilon(n, steps, failure_probability)
-        up_prob = math.sqrt(max(theta, 0.0) * (1 + ROUNDING) / (1 - eps)) if eps < 1 else math.inf
-        info["lanczos"] = dict(steps=steps, theta=theta, kw_epsilon=eps, n=n)
-        method["upper_probabilistic"] = (f"Lanczos, {steps} steps from a Gaussian start, Kuczynski-Wozniakowski "
-                                         f"bound (relative eigenvalue error {eps:.3g})")
+        eps = kw_epsilon(n, steps, delta_each)
+        up_prob_n = math.sqrt(max(theta + theta_err(steps), 0.0) / (1 - eps)) if eps < 1 else math.inf
+        up_prob = _scale_back(up_prob_n, e2, up=True) if math.isfinite(up_prob_n) else math.inf
+        info["lanczos"] = dict(steps=steps, theta=theta, kw_epsilon=eps, n=n, checks=checks,
+                               schedule_size=len(schedule), failure_probability_per_check=delta_each)
+        method["upper_probabilistic"] = (f"Lanczos, {steps} steps from a Gaussian start (seed {seed}), "
+                                         f"Kuczynski-Wozniakowski bound (relative eigenvalue error {eps:.3g}), "
+                                         f"failure probability split over {len(schedule)} planned checks")
     else:
         up_prob, failure_probability = upper, 0.0
         method["upper_probabilistic"] = "not run: the deterministic upper bound (failure probability 0)"
     seconds["upper_probabilistic"] = time.perf_counter() - t
     up_prob = min(up_prob, upper)
+    lower = _scale_back(lower, e2, up=False)
     return SSoGBound(H=H, W=W, lower=lower, upper=upper, upper_probabilistic=up_prob,
                      failure_probability=failure_probability, exact=exact, exact_reason=reason,
                      resolution_free=rfree, closed_form=closed, circulant=circ.upper, gram=gram,
-                     seconds=seconds, method=method, info=info)
+                     seconds=seconds, method=method, info=info, seed=seed if probabilistic else None,
+                     margins=margins)
