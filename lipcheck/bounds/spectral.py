@@ -769,6 +769,10 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
     m_rows, n = T.shape
     if not bool(torch.isfinite(T).all()):
         raise ValueError("the dense operator has NaN/inf entries: not certified")
+    e = _pow2_exponent(T)
+    if e:  # an exact power-of-two rescaling: T^T T neither overflows nor underflows
+        b, k = gram_bound(_ldexp(T, -e), squarings=squarings, ritz=ritz)
+        return _scale_back(b, e, up=True), k
     tF = float(T.norm()) * (1 + g(m_rows * n + 2))
     if tF == 0.0:
         return 0.0, 0
