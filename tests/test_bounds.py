@@ -253,7 +253,7 @@ def test_delta_kernel(shift, expect_zero):
         layer.o_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
     _, _, _, WV, WO = ref_params(layer)
     exact = 0.0 if expect_zero else 0.8 * float(np.linalg.norm(WV @ WO, 2))
-    r = ssog_lipschitz(layer, 24, 24, rf_rtol=1e-3, max_steps=60, seed=6, exact_max=0, gram_max=0)
+    r = ssog_lipschitz(layer, 24, 24, resolution_free=False, max_steps=60, seed=6, exact_max=0, gram_max=0)
     assert_sandwich(r, exact)
     if expect_zero:
         assert r.lower == 0.0 and r.upper <= 1e-9 * r.closed_form
@@ -324,11 +324,21 @@ def test_circulant_bound_is_the_dense_embedding_norm():
     assert ref_norm(layer, H, W) <= circ.upper  # and the embedding dominates T
 
 
-@pytest.mark.parametrize("rtol,cells,rounds", [(1e-6, 32, 200), (0.5, 2, 1), (1e-2, 4, 3)])
-def test_resolution_free_dominates_the_symbol_everywhere(rtol, cells, rounds):
+def wide_average_layer():
+    """One head, one wide centred Gaussian (alpha > 0): the symbol peaks sharply at w = 0, far from any coarse
+    cell centre, where it is ~0; only the Taylor remainder can carry a coarse cell's bound up to the peak."""
+    layer = SSoG(2, 1, 1, dtype=F64)
+    layer.set_gaussian_params(torch.tensor([[1.5]], dtype=F64), torch.zeros(1, 1, 2, dtype=F64),
+                              torch.full((1, 1, 2), 3.0, dtype=F64))
+    return layer
+
+
+@pytest.mark.parametrize("rtol,cells,rounds,wide", [(1e-6, 32, 200, False), (0.5, 2, 1, False), (1e-2, 4, 3, False),
+                                                    (0.5, 2, 1, True), (1e-2, 4, 2, True)])
+def test_resolution_free_dominates_the_symbol_everywhere(rtol, cells, rounds, wide):
     """S1: the certified sup is >= ||S(w)|| on a fine grid (the test's own symbol), whatever the branch and bound
     settings (coarse cells and one round lean entirely on the Taylor remainder)."""
-    layer = random_layer(11, 2, 2, 2, mu_scale=2.0, log_sigma=(-0.5, 1.0))
+    layer = wide_average_layer() if wide else random_layer(11, 2, 2, 2, mu_scale=2.0, log_sigma=(-0.5, 1.0))
     p = spectral.ssog_params(layer)
     rf, info = spectral.resolution_free_bound(p, rtol=rtol, init_cells=cells, max_rounds=rounds)
     brute = ref_symbol_sup(layer, n=61)
