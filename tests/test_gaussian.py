@@ -71,3 +71,96 @@ def test_non_positive_sigma_rejected():
         gaussian.normaliser(torch.tensor(0.0), torch.tensor(0.0))
     with pytest.raises(ValueError, match="axis length"):
         gaussian.axis_matrix(0, torch.tensor(0.0), torch.tensor(1.0))
+
+
+# ------------------------------------------------------------------ log form, underflow, relative precision
+
+def mp_log_Z(mu, sigma):
+    """log Z in mpmath (no exponent range: no lattice term underflows)."""
+    mpmath.mp.dps = 40
+    m, s = mpmath.mpf(float(mu)), mpmath.mpf(float(sigma))
+    c = int(mpmath.nint(m))
+    R = int(13 * float(sigma)) + 20  # terms beyond are below exp(-84) relative
+    return mpmath.log(mpmath.fsum(mpmath.exp(-(j - m) ** 2 / (2 * s * s)) for j in range(c - R, c + R + 1)))
+
+
+def mp_g(k, mu, sigma):
+    m, s = mpmath.mpf(float(mu)), mpmath.mpf(float(sigma))
+    return mpmath.exp(-(k - m) ** 2 / (2 * s * s) - mp_log_Z(mu, sigma))
+
+
+FLOOR = 1e-3
+mus = st.one_of(st.floats(-30, 30), st.integers(-30, 30).map(lambda i: i + 0.5),
+                st.tuples(st.integers(-30, 30), st.floats(-1e-6, 1e-6)).map(lambda t: t[0] + 0.5 + t[1]))
+sigmas = st.one_of(st.floats(FLOOR, 0.06), st.floats(0.06, 80.0))
+
+
+@settings(deadline=None, max_examples=40)
+@given(mu=mus, sigma=sigmas, dt=st.sampled_from([torch.float64, torch.float32]))
+def test_kernel_is_specs_g_in_relative_precision(mu, sigma, dt):
+    """Against mpmath: log Z to the dtype's precision, and every tap that is a normal number of the dtype
+    within the a-priori bound gaussian.tap_relative_error (sigma down to the floor, mu at half-integers,
+    where every lattice term of Z underflows); taps below the smallest normal number err by less than it."""
+    m = torch.tensor(mu, dtype=dt)
+    s = torch.tensor(sigma, dtype=dt)
+    mu_s, sig_s = float(m), float(s)  # the numbers actually stored in dtype
+    lz = float(gaussian.log_normaliser(m, s))
+    ref = float(mp_log_Z(mu_s, sig_s))
+    assert abs(lz - ref) <= 64 * gaussian.unit_roundoff(dt) * (abs(ref) + 4)
+    k = torch.arange(round(mu_s) - 6, round(mu_s) + 7, dtype=dt)
+    g = gaussian.kernel(k, m, s)
+    bound = gaussian.tap_relative_error(k, m, s)
+    tiny = torch.finfo(dt).smallest_normal
+    for kk, gv, b in zip(k.tolist(), g.tolist(), bound.tolist()):
+        exact = mp_g(kk, mu_s, sig_s)
+        if exact >= tiny:
+            assert abs(gv / float(exact) - 1) <= b, (kk, gv, float(exact), b)
+        else:
+            assert abs(gv - float(exact)) <= tiny
+    assert math.isfinite(lz) and bool(torch.isfinite(g).all())
+
+
+def test_underflowing_lattice_is_still_normalised():
+    """sigma near the floor, mu at a half-integer: exp(-(j - mu)^2 / (2 sigma^2)) underflows for every j, yet
+    g(0) = g(1) = 1/2 exactly as SPEC's definition says (two equal nearest terms)."""
+    for dt in (torch.float64, torch.float32):
+        m, s = torch.tensor(0.5, dtype=dt), torch.tensor(0.0105, dtype=dt)
+        assert float(gaussian.normaliser(m, s)) == 0.0  # Z itself is below the dtype's range
+        g = gaussian.kernel(torch.tensor([-1.0, 0.0, 1.0, 2.0], dtype=dt), m, s)
+        assert g.tolist() == pytest.approx([0.0, 0.5, 0.5, 0.0], abs=1e-30)
+
+
+def test_representability_refusals():
+    """half precision cannot carry a kernel near the sigma floor; float32/float64 can. The refusal names sigma."""
+    mu, sigma = torch.tensor([0.5, 0.0]), torch.tensor([0.0105, 1.0])
+    gaussian.check_representable(mu, sigma, torch.float32)
+    gaussian.check_representable(mu.double(), sigma.double(), torch.float64)
+    with pytest.raises(ValueError, match="sigma = 0.0105"):
+        gaussian.check_representable(mu, sigma, torch.float16)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian.check_representable(torch.tensor(0.0), torch.tensor(1e-200, dtype=torch.float64))
+    with pytest.raises(ValueError, match="finite"):
+        gaussian.kernel(torch.tensor(0.0), torch.tensor(float("nan")), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="finite"):
+        gaussian.normaliser(torch.tensor(0.0), torch.tensor(float("inf")))
+
+
+@settings(deadline=None, max_examples=20)
+@given(mu=mus, sigma=st.one_of(st.floats(FLOOR, 0.06), st.floats(0.06, 20.0)), w=st.floats(-math.pi, math.pi))
+def test_symbol_within_its_error_bound(mu, sigma, w):
+    """ghat(w) against mpmath's series, within the a-priori bound the certified bounds add (spectral.symbol_error)."""
+    from lipcheck.bounds import spectral
+    m = torch.tensor([[mu]], dtype=torch.float64)
+    s = torch.tensor([[sigma]], dtype=torch.float64)
+    v = complex(gaussian.symbol(torch.tensor(w, dtype=torch.float64), m, s)[0, 0])
+    c = round(mu)
+    R = int(12 * sigma) + 14
+    mpmath.mp.dps = 40
+    lz = mp_log_Z(mu, sigma)
+    ref = mpmath.fsum(mpmath.exp(-(k - mpmath.mpf(mu)) ** 2 / (2 * mpmath.mpf(sigma) ** 2) - lz)
+                      * mpmath.expj(-k * mpmath.mpf(w)) for k in range(c - R, c + R + 1))
+    p = spectral.SSoGParams(torch.ones(1, 1, dtype=torch.float64), torch.stack([m, m], -1),
+                            torch.stack([s, s], -1), torch.eye(1, dtype=torch.float64), torch.eye(1, dtype=torch.float64))
+    bound = float(spectral.symbol_error(p)[0, 0, 0])
+    assert abs(v - complex(ref)) <= bound, (v, complex(ref), bound)
+    assert abs(v) <= 1 + bound
