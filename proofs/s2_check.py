@@ -85,4 +85,114 @@ for m in (3, 4, 7):
     check(f"sine window Rayleigh quotient = cos(pi/(n+1)), n={m}",
           abs(float(sp.N((xv.T * T * xv)[0] / (xv.T * xv)[0] - sp.cos(sp.pi / (m + 1)), 40))) < 1e-30)
 
+
+# ---------------------------------------------------------------- adaptive stopping: e_q decreases, the split sums to delta
+qs = sp.symbols("q", positive=True)
+e_q = (sp.log(sp.Rational(1648, 1000) * sp.sqrt(nn) / dd) / (2 * qs - 1)) ** 2
+de = sp.diff(e_q, qs).subs({nn: 10 ** 5, dd: sp.Rational(1, 10 ** 6)})
+check("KW epsilon decreases in the number of steps (breakdown argument)",
+      all(float(de.subs(qs, qq0)) < 0 for qq0 in (1, 2, 5, 10, 100, 1000)))
+schedule = sorted(set(range(10, 301, 10)) | {300})
+check("union bound: |Q| checks at delta/|Q| sum to delta",
+      sum(sp.Rational(1, 10 ** 6) / len(schedule) for _ in schedule) == sp.Rational(1, 10 ** 6))
+
+# ---------------------------------------------------------------- normalisation: powers of two are exact, powers of ten are not
+rnd2 = random.Random(1)
+xs = [rnd2.uniform(0.5, 1) * 2.0 ** rnd2.randint(-1000, 1000) for _ in range(2000)]
+check("x * 2^k / 2^k == x on random floats (exact rescaling)",
+      all(math.ldexp(math.ldexp(x, k), -k) == x for x in xs for k in (-300, -17, 40, 300)
+          if -1000 < math.frexp(x)[1] + k < 1000))
+check("x * 10^k / 10^k != x for some random floats (why powers of two)",
+      any((x * 10.0 ** 17) / 10.0 ** 17 != x for x in xs))
+
+# ---------------------------------------------------------------- kernel taps: the exponent without cancellation
+kk_, f_, c_ = sp.symbols("kk f c", real=True)
+check("(k - mu)^2 - f^2 = kk (kk - 2 f) with mu = c + f, kk = k - c",
+      sp.expand(((kk_ + c_) - (c_ + f_)) ** 2 - f_ ** 2 - kk_ * (kk_ - 2 * f_)) == 0)
+check("kk (kk - 2f) >= 0 for integers kk and |f| <= 1/2 (linear in f: the ends f = +-1/2 decide)",
+      all(j * (j - 2 * ff) >= 0 for j in range(-50, 51) for ff in (sp.Rational(-1, 2), sp.Rational(1, 2))))
+# the first term left out of S at |j| = 8, worst case f = +-1/2, sigma -> 1/2: exp(-8 * 7 / (2 sigma^2)) <= exp(-84)
+check("direct sum truncation at |j| <= 7 drops < exp(-84) relative for sigma < 1/2",
+      sp.Rational(8 * 7, 2) / sp.Rational(1, 4) * sp.Rational(1, 1) >= 84 and
+      float(sum(sp.exp(-j * (j - 1) / (2 * sp.Rational(1, 4))) for j in range(8, 40))) < math.exp(-84))
+
+# ---------------------------------------------------------------- the stable 2 x 2 norm
+pp_, qq_, rr_, ss_ = sp.symbols("p q r s", real=True)
+A2 = sp.sqrt((pp_ + ss_) ** 2 + (qq_ - rr_) ** 2)
+B2 = sp.sqrt((pp_ - ss_) ** 2 + (qq_ + rr_) ** 2)
+s1_, s2_ = (A2 + B2) / 2, (A2 - B2) / 2
+check("sigma1^2 + sigma2^2 = ||N||_F^2 for the hypot formula",
+      sp.simplify(sp.expand(s1_ ** 2 + s2_ ** 2) - (pp_ ** 2 + qq_ ** 2 + rr_ ** 2 + ss_ ** 2)) == 0)
+check("sigma1 * sigma2 = det N (up to sign) for the hypot formula",
+      sp.simplify(sp.expand((A2 ** 2 - B2 ** 2) / 4) - (pp_ * ss_ - qq_ * rr_)) == 0)
+u64 = 2.0 ** -53
+g6 = 6 * u64 / (1 - 6 * u64)
+worst, worst_old = 0.0, 0.0
+rnd3 = random.Random(2)
+cases = [(1.0, 1e-9, 1e-9, 1.0), (1.0, 0.0, 0.0, 1 - 1e-12), (3.0, 2.0, 2.0, 4 / 3)]
+cases += [tuple(rnd3.uniform(0, 1) * 10 ** rnd3.randint(-5, 5) for _ in range(4)) for _ in range(60)]
+for P_, Q_, R_, S_ in cases:
+    Nq = sp.Matrix([[sp.Rational(P_), sp.Rational(Q_)], [sp.Rational(R_), sp.Rational(S_)]])
+    ex = max(sp.N(sp.sqrt(e), 40) for e in (Nq.T * Nq).eigenvals(multiple=True))
+    val = (math.hypot(P_ + S_, Q_ - R_) + math.hypot(P_ - S_, Q_ + R_)) / 2
+    tr = P_ ** 2 + Q_ ** 2 + R_ ** 2 + S_ ** 2
+    old = math.sqrt((tr + math.sqrt(max(tr * tr - 4 * (P_ * S_ - Q_ * R_) ** 2, 0))) / 2)
+    worst = max(worst, abs(float((val - ex) / ex)))
+    worst_old = max(worst_old, abs(float((old - ex) / ex)))
+check(f"hypot 2x2 norm within gamma_6 of the exact value (worst {worst:.2e})", worst <= g6)
+check(f"the trace formula it replaces is not (worst {worst_old:.2e})", worst_old > 1e3 * g6)
+
+# ---------------------------------------------------------------- Ostrowski for the Ritz values of a nonorthogonal basis
+import numpy as np  # noqa: E402
+rng = np.random.default_rng(3)
+ok = True
+for _ in range(20):
+    n0, m0 = 8, 4
+    X = rng.standard_normal((n0, n0))
+    A0 = X + X.T
+    V = np.linalg.qr(rng.standard_normal((n0, m0)))[0] + 1e-3 * rng.standard_normal((n0, m0))
+    eta = np.linalg.norm(V.T @ V - np.eye(m0), 2)
+    Wq = V @ np.linalg.inv(np.linalg.cholesky(V.T @ V)).T  # exactly orthonormal up to float64
+    mu_V = np.sort(np.linalg.eigvalsh(V.T @ A0 @ V))[::-1]
+    mu_W = np.sort(np.linalg.eigvalsh(Wq.T @ A0 @ Wq))[::-1]
+    ok &= all(mw >= mv / (1 + eta) - 1e-12 for mv, mw in zip(mu_V, mu_W) if mv > 0)
+check("Ostrowski: Ritz values on an orthonormalised basis >= those of V / (1 + ||V^T V - I||)", ok)
+
+# ---------------------------------------------------------------- the Gram recursion, executed in float32, stays above the norm
+def gram32(T, K=4):
+    u = 2.0 ** -24
+    g = lambda k: k * u / (1 - k * u)  # noqa: E731
+    T = T.astype(np.float32)
+    m_, n_ = T.shape
+    tF = float(np.linalg.norm(T.astype(np.float64))) * (1 + g(m_ * n_ + 2))
+    G = T.T @ T
+    G = (G + G.T) / 2
+    f, F = [], []
+    for k in range(K + 1):
+        fk = float(np.linalg.norm(G))
+        N = (G / np.float32(fk)).astype(np.float32)
+        f.append(fk)
+        F.append(float(np.linalg.norm(N)) * (1 + g(n_ * n_ + 2)))
+        G = N @ N
+        G = (G + G.T) / 2
+    best = math.inf
+    for K0 in range(K + 1):
+        b = F[K0]
+        for k in range(K0 - 1, -1, -1):
+            b = math.sqrt(f[k + 1] * (b + u / (1 - u) * F[k + 1]) + (g(n_) + 2 * u) * F[k] ** 2)
+        best = min(best, math.sqrt(f[0] * (b + u / (1 - u) * F[0]) + (g(m_) + 2 * u) * tF ** 2))
+    return best
+
+
+ok, tight = True, 0.0
+for trial in range(12):
+    n0 = 30 + 10 * trial
+    T0 = rng.standard_normal((n0, n0)).astype(np.float32)
+    T0[:, 0] *= 1 + trial  # separated or clustered top singular values
+    exact_norm = np.linalg.norm(T0.astype(np.float64), 2)
+    b = gram32(T0)
+    ok &= b >= exact_norm
+    tight = max(tight, b / exact_norm - 1)
+check(f"float32 Gram recursion >= exact norm on 12 matrices (loosest {tight:.1e} relative)", ok and tight < 0.5)
+
 sys.exit(1 if failures else 0)
