@@ -414,6 +414,33 @@ def test_bad_inputs_refused():
     assert r.exact is None and "exact_max" in r.exact_reason
 
 
+def test_nan_inside_the_computation_is_refused(monkeypatch):
+    """A NaN in an intermediate symbol must end in ValueError, never be skipped by a max over cells or points."""
+    layer = random_layer(13, 2, 2, 2, log_sigma=(0.0, 1.0))
+    p = spectral.ssog_params(layer)
+    orig_sg, orig_ts = spectral.symbol_and_gradient, spectral.truncated_symbols
+
+    def bad_sg(*a):
+        c, J = orig_sg(*a)
+        c[-1, 0] = float("nan")
+        return c, J
+
+    def bad_ts(*a):
+        gy, gx, wy, wx = orig_ts(*a)
+        gy[1, 0, 0] = float("nan")
+        return gy, gx, wy, wx
+
+    monkeypatch.setattr(spectral, "symbol_and_gradient", bad_sg)
+    with pytest.raises(ValueError, match="NaN"):
+        spectral.resolution_free_bound(p, rtol=1e-2)
+    monkeypatch.setattr(spectral, "symbol_and_gradient", orig_sg)
+    monkeypatch.setattr(spectral, "truncated_symbols", bad_ts)
+    with pytest.raises(ValueError, match="NaN"):
+        spectral.circulant_bound(p, 4, 4)
+    with pytest.raises(ValueError, match="NaN/inf|not certified"):
+        spectral.gram_bound(torch.tensor([[1.0, float("nan")], [0.0, 1.0]], dtype=F64))
+
+
 def test_float32_layer_with_unrepresentable_kernel_refuses():
     """A float32 layer at the sigma floor with mu at a half-integer: every lattice term of Z underflows in
     float32, yet g is representable (log form) -- the layer computes finite outputs; in half precision the

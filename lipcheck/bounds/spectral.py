@@ -63,6 +63,8 @@ def _finite(x: float, what: str) -> float:
 
 def _scale_back(v: float, e: int, *, up: bool) -> float:
     """v 2^e, rounded outward (up for an upper bound, down for a lower one) where it leaves the normal range."""
+    if math.isnan(v) or (math.isinf(v) and not up):
+        raise ValueError(f"a bound came out {v}: not certified")
     if v == 0.0:
         return 0.0
     try:
