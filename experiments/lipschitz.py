@@ -107,6 +107,7 @@ def szego(args, device):
     ax.set_ylabel("||T||_2 bounds")
     ax.legend(fontsize=7)
     ax.set_title("Szego: grid bounds converge to the resolution-free sup")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room below the axis label for the stamp
     return rows, dict(resolution_free=rf.upper, symbol_sup_lower=rf.lower, closed_form=spectral.closed_form_bound(p),
                       **info), fig
 
