@@ -3,9 +3,40 @@ import os
 import matplotlib
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, settings
 
 matplotlib.use("Agg")
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default "ci"):
+#   ci        derandomised: every run draws the same examples, so a red CI run is reproducible and a green
+#             one is not luck; the per-test max_examples in the files stay as written (kept modest).
+#   thorough  random draws, THOROUGH_SCALE x each test's own max_examples (also where a test sets it),
+#             no deadline: HYPOTHESIS_PROFILE=thorough python -m pytest
+#   mutation  derandomised, no shrinking, no example database: a mutant only needs one failing example,
+#             and shrinking it can take minutes (experiments/mutation.py sets it).
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("thorough", derandomize=False, deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("mutation", derandomize=True, deadline=None, database=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                          suppress_health_check=[HealthCheck.too_slow])
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+THOROUGH_SCALE = 20
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under the thorough profile, scale every hypothesis test's own max_examples (a decorator's explicit
+    max_examples would otherwise win over the profile) and draw at random."""
+    if PROFILE != "thorough":
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        s = getattr(test, "_hypothesis_internal_use_settings", None)
+        if s is not None:
+            test._hypothesis_internal_use_settings = settings(s, max_examples=s.max_examples * THOROUGH_SCALE,
+                                                              derandomize=False, deadline=None)
 
 
 @pytest.fixture

@@ -56,23 +56,86 @@ def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) ->
                                            else torch.zeros(C, **fk)))
 
 
+def unit_roundoff(dtype) -> float:
+    """u = eps / 2 of the dtype the bound is computed in (float32 or float64; others are refused)."""
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 for a certified bound, got {dtype} "
+                         f"(float16/bfloat16 leave no room for a rounding margin: pass dtype=torch.float64)")
+    return torch.finfo(dtype).eps / 2
+
+
+def gamma(n: int, u: float) -> float:
+    """gamma_n = n u / (1 - n u): |fl(sum of n products) - exact| <= gamma_n sum |products| (Higham, Lemma 3.1)."""
+    if n * u >= 1:
+        raise ValueError(f"n u = {n * u} >= 1: no a-priori rounding bound; compute in float64")
+    return n * u / (1 - n * u)
+
+
+# Backward error of the SVD behind torch.linalg.matrix_norm(ord=2): computed singular values lie within
+# SVD_CONSTANT * n * u * sigma_max of the exact ones (LAPACK's p(n) u ||M|| with p(n) = SVD_CONSTANT * n,
+# the same constant lipcheck.bounds.spectral uses; proofs/S4.md, "Rounding").
+SVD_CONSTANT = 32
+# Float64 roundings along any path of one head's contribution once the tensor norms are Python floats
+# (the margins of _head_norms: <= 8; the three terms: <= 12; the sum over heads: 1), rounded up to 24.
+# All quantities are >= 0, so k roundings change the result by a factor within 1 +- gamma_k.
+_ASSEMBLY_OPS = 24
+
+
+def _frobenius_upper(M: torch.Tensor, u: float) -> float:
+    """Upper bound on ||M||_F from its computed value: a sum of k squares and one sqrt, gamma_{k+1}."""
+    return float(torch.linalg.vector_norm(M)) * (1 + gamma(M.numel() + 1, u))
+
+
+def _spectral_upper(M_hat: torch.Tensor, u: float) -> float:
+    """||M_hat||_2 <= sigma_hat / (1 - gamma_{SVD_CONSTANT n}) for the computed top singular value sigma_hat."""
+    return float(torch.linalg.matrix_norm(M_hat, ord=2)) / (1 - gamma(SVD_CONSTANT * max(M_hat.shape), u))
+
+
 def _head_norms(layer: DenseAttention, *, dtype=torch.float64, device=None):
-    """Per-head ||A_h||_2, ||B_h||_2, ||c_h|| and sqrt(d): everything the attention bounds read."""
+    """Certified upper bounds on the per-head ||A_h||_2, ||B_h||_2, ||c_h|| (Python floats), and sqrt(d).
+
+    A_h = W_Q^h W_K^h^T is formed in `dtype`, so the computed A_hat differs from it entrywise by at most
+    gamma_d |W_Q^h| |W_K^h|^T, whence ||A_h - A_hat||_2 <= gamma_d ||W_Q^h||_F ||W_K^h||_F; likewise for B_h
+    and c_h = b_Q^h W_K^h^T. The SVD adds its backward error. proofs/S4.md, "Rounding"."""
+    u = unit_roundoff(dtype)
     m = head_matrices(layer, dtype=dtype, device=device)
-    return (torch.linalg.matrix_norm(m["A"], ord=2), torch.linalg.matrix_norm(m["B"], ord=2),
-            torch.linalg.vector_norm(m["c"], dim=-1), math.sqrt(layer.head_dim))
+    d = layer.head_dim
+    gd = gamma(d, u)
+    nA, nB, nc = [], [], []
+    for h in range(layer.num_heads):
+        fQ, fK, fV, fO = (_frobenius_upper(m[k][h], u) for k in ("WQ", "WK", "WV", "WO"))
+        nA.append(_spectral_upper(m["A"][h], u) + gd * fQ * fK)
+        nB.append(_spectral_upper(m["B"][h], u) + gd * fV * fO)
+        nc.append(_frobenius_upper(m["c"][h], u) + gd * _frobenius_upper(m["bQ"][h], u) * fK)
+    for name, vals, src in (("||A_h||", nA, "q_proj/k_proj"), ("||B_h||", nB, "v_proj/o_proj"),
+                            ("||c_h||", nc, "q_proj.bias/k_proj")):
+        if not all(math.isfinite(v) for v in vals):
+            raise ValueError(f"{name} overflows {dtype} ({vals}): the {src} weights are too large for a certified "
+                             f"bound in this dtype; rescale them or pass dtype=torch.float64")
+    return nA, nB, nc, math.sqrt(d)
+
+
+def _round_up(value: float, num_heads: int, what: str) -> float:
+    """Cover the float64 rounding of the assembly (_ASSEMBLY_OPS per head) and refuse a non-finite result."""
+    out = value * (1 + gamma(_ASSEMBLY_OPS * num_heads + 2, torch.finfo(torch.float64).eps / 2))
+    if not math.isfinite(out):
+        raise ValueError(f"the {what} bound overflows float64 ({value}): the weights or the radius are too large "
+                         f"for a finite certified bound; rescale them")
+    return out
 
 
 def attention_lipschitz_terms(layer: DenseAttention, token_radius: float, num_tokens: int, *,
                               dtype=torch.float64, device=None) -> dict:
-    """The three per-head terms of `attention_lipschitz_on_ball`, summed over heads (for reports)."""
+    """The three per-head terms of `attention_lipschitz_on_ball`, summed over heads, each rounded up."""
     rho, N = _check_args(token_radius, num_tokens)
     nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
-    value = math.sqrt(N) * nB
-    key_cov = rho ** 2 * nA * nB / sd
-    query_side = math.sqrt(N) * rho * (rho * nA + nc) * nB / sd
-    return {"value": float(value.sum()), "key_covariance": float(key_cov.sum()),
-            "query_side": float(query_side.sum())}
+    sN = math.sqrt(N)
+    h = layer.num_heads
+    value = sum(sN * b for b in nB)
+    key_cov = sum(rho * rho * a * b / sd for a, b in zip(nA, nB))
+    query_side = sum(sN * rho * (rho * a + c) * b / sd for a, b, c in zip(nA, nB, nc))
+    return {"value": _round_up(value, h, "value-path"), "key_covariance": _round_up(key_cov, h, "key-covariance"),
+            "query_side": _round_up(query_side, h, "query-side")}
 
 
 def attention_lipschitz_on_ball(layer: DenseAttention, token_radius: float, num_tokens: int, *,
@@ -104,12 +167,13 @@ def attention_lipschitz_on_ball(layer: DenseAttention, token_radius: float, num_
        so its norm is <= sqrt(N) rho (rho ||A_h|| + ||c_h||) ||B_h|| / sqrt(d).
 
     The triangle inequality over terms and heads gives the bound; the output bias b_O does not enter.
-    Spectral norms are computed by SVD in `dtype` (float64 by default: relative error ~1e-15, far
-    below the slack of the triangle inequalities). The bound is finite for every rho but grows like
-    rho^2, which is the certified counterpart of the R^2 growth the probe measures.
+    Norms are computed in `dtype` (float32 or float64) and rounded up by margins derived from its unit
+    roundoff (`_head_norms`, `_round_up`; proofs/S4.md, "Rounding"). The bound is finite for every rho but
+    grows like rho^2, which is the certified counterpart of the R^2 growth the probe measures. A result
+    that overflows is refused (ValueError), never returned as inf.
     """
     t = attention_lipschitz_terms(layer, token_radius, num_tokens, dtype=dtype, device=device)
-    return t["value"] + t["key_covariance"] + t["query_side"]
+    return _round_up(t["value"] + t["key_covariance"] + t["query_side"], 1, "attention")
 
 
 def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, num_tokens: int, *,
@@ -123,45 +187,57 @@ def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, 
     sum_i sum_j p_ij (dx_j . w_i)^2 <= ||dX||_F^2 sum_i ||w_i||^2 (p_ij <= 1) with
     sum_i ||w_i||^2 = ||X A_h + 1 c_h||_F^2 <= (R ||A_h|| + sqrt(N) ||c_h||)^2 replaces the factor sqrt(N) on the
     R^2 part."""
-    R, N = _check_args(radius, num_tokens)
+    R, N = _check_args(radius, num_tokens, name="radius")
     nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
-    return float((nB * (math.sqrt(N) + R ** 2 * nA / sd + R * (R * nA + math.sqrt(N) * nc) / sd)).sum())
+    sN = math.sqrt(N)
+    total = sum(b * (sN + R * R * a / sd + R * (R * a + sN * c) / sd) for a, b, c in zip(nA, nB, nc))
+    return _round_up(total, layer.num_heads, "Frobenius-ball attention")
 
 
-def layernorm_image_radius(norm: torch.nn.Module) -> float:
-    """rho = sqrt(C) max|gamma| + ||beta||: LN(x) = gamma * xhat + beta with ||xhat|| <= sqrt(C)."""
+def _layernorm_affine(norm: torch.nn.Module):
+    """(gamma, beta) of a LayerNorm in float64 (ones / zeros without affine), refusing non-finite entries."""
     if not isinstance(norm, torch.nn.LayerNorm):
         raise TypeError(f"norm must be an nn.LayerNorm, got {type(norm).__name__}")
     C = norm.normalized_shape[-1]
     g = norm.weight.detach().double() if norm.weight is not None else torch.ones(C, dtype=torch.float64)
     b = norm.bias.detach().double() if norm.bias is not None else torch.zeros(C, dtype=torch.float64)
-    return math.sqrt(C) * float(g.abs().max()) + float(b.norm())
+    for name, t in (("weight", g), ("bias", b)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"LayerNorm {name} has non-finite entries (NaN or inf); certify finite weights")
+    return g, b
+
+
+def layernorm_image_radius(norm: torch.nn.Module) -> float:
+    """rho = sqrt(C) max|gamma| + ||beta||: LN(x) = gamma * xhat + beta with ||xhat|| <= sqrt(C).
+
+    Rounded up: ||beta|| is a sum of C squares and a sqrt, then one sqrt, one product, one sum (gamma_{C+4})."""
+    g, b = _layernorm_affine(norm)
+    C = g.numel()
+    u = torch.finfo(torch.float64).eps / 2
+    return (math.sqrt(C) * float(g.abs().max()) + float(b.norm())) * (1 + gamma(C + 4, u))
 
 
 def layernorm_lipschitz(norm: torch.nn.Module) -> float:
-    """Global Lip(LN) <= max|gamma| / sqrt(eps) (per token, hence also for the token-wise map in Frobenius)."""
-    if not isinstance(norm, torch.nn.LayerNorm):
-        raise TypeError(f"norm must be an nn.LayerNorm, got {type(norm).__name__}")
-    gmax = float(norm.weight.detach().abs().max()) if norm.weight is not None else 1.0
-    return symbolic.layernorm_lipschitz(gmax, norm.eps)
+    """Global Lip(LN) <= max|gamma| / sqrt(eps) (per token, hence also for the token-wise map in Frobenius).
+
+    symbolic.layernorm_lipschitz evaluates the closed form in 53-bit arithmetic (a sqrt, a division, a
+    product); gamma_4 covers those roundings."""
+    g, _ = _layernorm_affine(norm)
+    u = torch.finfo(torch.float64).eps / 2
+    return symbolic.layernorm_lipschitz(float(g.abs().max()), norm.eps) * (1 + gamma(4, u))
 
 
-def _check_args(token_radius, num_tokens):
+def _check_args(token_radius, num_tokens, name="token_radius"):
     try:
         rho = float(token_radius)
     except (TypeError, ValueError):
-        raise TypeError(f"token_radius must be a number, got {token_radius!r}") from None
+        raise TypeError(f"{name} must be a number, got {token_radius!r}") from None
     if not (math.isfinite(rho) and rho >= 0):
-        raise ValueError(f"token_radius must be finite and >= 0 (the bound covers tokens of norm <= token_radius); "
+        raise ValueError(f"{name} must be finite and >= 0 (the bound covers inputs of norm <= {name}); "
                          f"got {token_radius!r}")
     if not (isinstance(num_tokens, int) and num_tokens >= 1):
         raise ValueError(f"num_tokens must be a positive integer (H * W), got {num_tokens!r}")
     return rho, num_tokens
-
-
-# sup_x |GELU'(x)| = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) ~ 1.12890 (GELU'' = phi(x)(2 - x^2) vanishes at +-sqrt 2;
-# the minimum, at -sqrt 2, is ~ -0.129, smaller in modulus)
-GELU_PRIME_SUP = 0.5 * (1 + math.erf(1.0)) + math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)
 
 
 def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, device=None) -> dict:
@@ -169,7 +245,7 @@ def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, de
 
     mixer_branch: Lip(x -> Attn(LN1 x)) <= Lip(Attn | D_rho1) Lip(LN1), rho1 = `layernorm_image_radius(LN1)`
     (LN1 maps every token into the ball of radius rho1, so Attn only ever sees D_rho1);
-    mlp_branch: Lip(MLP) Lip(LN2) with Lip(MLP) <= ||W1|| sup|GELU'| ||W2||;
+    mlp_branch: Lip(MLP) Lip(LN2) with Lip(MLP) <= ||W1|| sup|GELU'| ||W2|| (`network.mlp_lipschitz`);
     vector_field: Lip(F) <= mixer_branch + mlp_branch for F(x) = Attn(LN1 x) + MLP(LN2 x) (SPEC S3);
     block_update: the discrete update x + F-branches in sequence is bounded by (1 + mixer)(1 + mlp).
     Every factor is global, so these hold for all inputs; Lip(LN) <= max|gamma| / sqrt(eps) is what makes
@@ -182,16 +258,19 @@ def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, de
     rho1 = layernorm_image_radius(block.norm1)
     ln1 = layernorm_lipschitz(block.norm1)
     attn = attention_lipschitz_on_ball(block.mixer, rho1, num_tokens, dtype=dtype, device=device)
-    out = {"token_radius": rho1, "lip_ln1": ln1, "attention_on_ln_image": attn, "mixer_branch": attn * ln1}
+    up = 1 + 2 * torch.finfo(torch.float64).eps  # covers a float64 rounding of the product or sum below and of this factor
+    out = {"token_radius": rho1, "lip_ln1": ln1, "attention_on_ln_image": attn, "mixer_branch": attn * ln1 * up}
     mlp_branch = 0.0
     if block.mlp is not None:
-        W1 = block.mlp.fc1.weight.detach().to(dtype)
-        W2 = block.mlp.fc2.weight.detach().to(dtype)
-        lip_mlp = float(torch.linalg.matrix_norm(W1, 2)) * GELU_PRIME_SUP * float(torch.linalg.matrix_norm(W2, 2))
+        from .network import mlp_lipschitz  # the one MLP constant (network imports this module lazily)
+        lip_mlp = mlp_lipschitz(block.mlp, dtype=dtype, device=device)
         ln2 = layernorm_lipschitz(block.norm2) if isinstance(block.norm2, torch.nn.LayerNorm) else 1.0
-        mlp_branch = lip_mlp * ln2
+        mlp_branch = lip_mlp * ln2 * up
         out.update(lip_mlp=lip_mlp, lip_ln2=ln2)
     out["mlp_branch"] = mlp_branch
-    out["vector_field"] = out["mixer_branch"] + mlp_branch
-    out["block_update"] = (1 + out["mixer_branch"]) * (1 + mlp_branch)
+    out["vector_field"] = (out["mixer_branch"] + mlp_branch) * up
+    out["block_update"] = (1 + out["mixer_branch"]) * (1 + mlp_branch) * up ** 3
+    for k in ("mixer_branch", "mlp_branch", "vector_field", "block_update"):
+        if not math.isfinite(out[k]):
+            raise ValueError(f"the block's {k} bound overflows float64: rescale the block's weights")
     return out

@@ -57,8 +57,9 @@ def _ln_constants(norm: nn.Module, v: float | None, dtype, device):
     if not (bool(torch.isfinite(gamma).all()) and bool(torch.isfinite(beta).all())):
         raise ValueError("LayerNorm weight/bias have non-finite entries; fix the weights before certifying")
     gmax = float(gamma.abs().max())
-    glob = symbolic.layernorm_lipschitz(gmax, norm.eps)
-    loc = symbolic.layernorm_lipschitz(gmax, norm.eps, v) if v is not None else None
+    up = 1 + 8 * torch.finfo(torch.float64).eps  # the closed form is evaluated in 53-bit arithmetic (sum, sqrt, division, product)
+    glob = symbolic.layernorm_lipschitz(gmax, norm.eps) * up
+    loc = symbolic.layernorm_lipschitz(gmax, norm.eps, v) * up if v is not None else None
     # LN output token: gamma * z + beta with ||z|| <= sqrt(C)
     radius = math.sqrt(C) * gmax + float(beta.norm())
     return glob, loc, radius
