@@ -32,7 +32,7 @@ def vector_field_constants(block, states: torch.Tensor, min_variance: float | No
     """(global L, local L on states whose tokens have variance >= min_variance, the full result), from
     `lipcheck.bounds.vector_field_lipschitz`; `states` (B, H, W, C) fixes the grid (attention's constant
     depends on the number of tokens)."""
-    from .bounds import vector_field_lipschitz
+    from ..bounds import vector_field_lipschitz
     res = vector_field_lipschitz(block, states, min_variance=min_variance, dtype=dtype, device=device)
     # with states given the bound uses min(min_variance, the states' own minimum): never a larger constant
     local = res.local_bound if res.local_bound is not None else res.global_bound
@@ -52,7 +52,7 @@ def token_speed_bound(block, *, dtype=torch.float64, device=None) -> float:
     fk = dict(dtype=dtype, device=device)
     op = lambda w: float(torch.linalg.matrix_norm(w.detach().to(**fk), ord=2))
     vec = lambda b: float(b.detach().to(**fk).norm()) if b is not None else 0.0
-    from .bounds.attention import layernorm_image_radius
+    from ..bounds.attention import layernorm_image_radius
     rho1 = layernorm_image_radius(block.norm1)
     mixer = block.mixer
     if isinstance(mixer, SSoG):
