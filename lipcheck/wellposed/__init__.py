@@ -10,8 +10,8 @@
   with the defect bounded on whole steps and the logarithmic norm in place of L (proofs/S5.md).
 """
 from .certificate import _quartic_fit, _upper_sum, aposteriori_certificate
-from .enclosure import Enclosure, EnclosureError, enclose, lognorm_envelope
-from .gronwall import (auto_grid, flow_map, perturbation_growth, segment_variance_floor, token_speed_bound,
+from .enclosure import Enclosure, EnclosureError, SSoGField, enclose, enclose_field, lognorm_envelope
+from .gronwall import (auto_grid, envelope_violations, flow_map, perturbation_growth, segment_variance_floor, token_speed_bound,
                        vector_field_constants, worst_direction)
 from .solve import (METHODS, RK4_STEPS, STAGES, TOLERANCES, CountingField, Reference, check_methods,
                     check_tolerances, prepare, reference_solution, relative_error, sample_norm, solve, token_std)
@@ -22,4 +22,4 @@ __all__ = ["METHODS", "TOLERANCES", "RK4_STEPS", "STAGES", "CountingField", "Ref
            "reference_solution", "tolerance_sweep", "convergence_summary", "vector_field_constants",
            "token_speed_bound", "segment_variance_floor", "flow_map", "worst_direction", "auto_grid",
            "perturbation_growth", "aposteriori_certificate", "enclose", "Enclosure", "EnclosureError",
-           "lognorm_envelope"]
+           "lognorm_envelope", "envelope_violations", "enclose_field", "SSoGField"]

@@ -46,7 +46,7 @@ def _upper_sum(delta: torch.Tensor, grid: torch.Tensor, L: float) -> torch.Tenso
 
 def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float = 1e-3, per_step: int | None = None,
                             reference_rtol: float = 1e-11, input_scale: float = 1.0, safety: float = 2.0,
-                            device=None, dtype=torch.float64) -> dict:
+                            lipschitz: float | None = None, device=None, dtype=torch.float64) -> dict:
     """Bound the error of an adaptive solve from its own dense output, and compare with the truth.
 
     y(t) is the solver's dense output (a quartic per accepted step, evaluated through `integrate` at
@@ -111,6 +111,8 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     margin = float(ref.abs_error.max())
     v_floor = segment_variance_floor(ref.states, y, speed * tau, drift_y, margin=margin)
     L_global, L, _ = vector_field_constants(block, x0, v_floor, dtype=dtype, device=x0.device)
+    if lipschitz is not None:  # a constant supplied by the caller (checked, not trusted: violations say if too small)
+        L = float(lipschitz)
     fine = _upper_sum(delta, grid, L)
     coarse = _upper_sum(delta[::2], grid[::2], L)  # per_step even: every step end survives
     change = (coarse - fine[::2]).abs().nan_to_num(nan=math.inf)  # inf - inf: vacuous, say so

@@ -182,11 +182,13 @@ def _check_inputs(x0, t1, tube, max_tube, defect_ratio, mu_slack, max_per_step):
 def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5", tol: float = 1e-3,
                   defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024,
                   tube: float | None = None, max_tube: float | None = None, mu_claim=None,
-                  progress: bool = False) -> Enclosure:
+                  solver_field=None, progress: bool = False) -> Enclosure:
     """The enclosure for any field object with the `SSoGField` interface (__call__, lipschitz(v), curvature(v),
     rounding(y, v), lognorm(y, v, eps_J), uses_variance). `mu_claim` (float or callable y -> (B,)) replaces the
     verified point log-norms by a claimed bound; the claim is then checked against a certified lower value of
-    mu_2 at every point (the Rayleigh quotient of the computed top eigenvector) and refuted if below it."""
+    mu_2 at every point (the Rayleigh quotient of the computed top eigenvector) and refuted if below it.
+    `solver_field`: the field the solver integrates (default `field`): the trajectory may come from anything,
+    e.g. a cheaper or perturbed model; the enclosure is always of `field`'s true solution."""
     _check_inputs(x0, t1, tube, max_tube, defect_ratio, mu_slack, max_per_step)
     flint = _arb()
     start = time.perf_counter()
@@ -208,7 +210,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
             if not math.isfinite(self.last_norm):
                 from ..models.ode import IntegrationError
                 raise IntegrationError("non-finite state", t=self.last_t, nfe=self.nfe, state_norm=self.last_norm)
-            return field(x)
+            return (solver_field or field)(x)
 
     from ..models.ode import integrate
     cf = _Field()

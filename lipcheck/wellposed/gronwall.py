@@ -96,6 +96,16 @@ def segment_variance_floor(xa: torch.Tensor, xb: torch.Tensor, drift_a, drift_b,
 
 # ---------------------------------------------------------------------------------- perturbation growth
 
+def envelope_violations(t: torch.Tensor, growth: torch.Tensor, L: float) -> int:
+    """Number of (time, sample) pairs with growth(t) > exp(L t), compared in log space (exp(L t) may overflow);
+    t = 0 is excluded (growth 1 = envelope up to round-off). growth: (len(t), B)."""
+    if not math.isfinite(L):
+        raise ValueError(f"L must be a finite constant, got {L!r}")
+    t = torch.as_tensor(t, dtype=torch.float64)
+    log_g = torch.as_tensor(growth, dtype=torch.float64).log()
+    return int((log_g[1:] > L * t[1:, None]).sum())
+
+
 def flow_map(block, t1: float, steps: int = 32):
     """x0 -> x(t1) by fixed-step rk4 through `integrate`, differentiable (for the flow's Jacobian)."""
     def phi(x):
@@ -184,7 +194,7 @@ def perturbation_growth(model, images, *, eps: float = 1e-3, grid: int | None = 
         growth = sample_norm(X - Y) / size  # (T, B)
         log_g = growth.log()
         # t = 0 is excluded: there growth = 1 = envelope up to round-off
-        viol = {kind: int((log_g[1:] > L * t[1:, None]).sum()) for kind, L in
+        viol = {kind: envelope_violations(t, growth, L) for kind, L in
                 (("global", L_global), ("local", L_local))}
         for kind in total:
             total[kind] += viol[kind]
