@@ -1,0 +1,314 @@
+"""Logarithmic norm and second derivative of the SSoG vector field (SPEC S5; proofs/S5.md, Lemmas 1-4).
+
+    F(x) = T LN1(x) + b + MLP(LN2(x)),   J_F(x) = T D1(x) + D2(x)
+
+T is the fixed SSoG operator (linear), D1 = blockdiag_i J_LN1(x_i) and D2 = blockdiag_i J_{MLP o LN2}(x_i)
+act token by token. On states whose tokens all have variance >= v (eps the LayerNorm epsilon, C channels):
+
+    ||J_LN(x_i)|| <= g / sqrt(v + eps),          ||D^2 LN(x_i)[u, u]|| <= 6 g ||u||^2 / (sqrt(C) (v + eps))
+    ||D^2 MLP(z)[w, w]|| <= ||W2|| sup|GELU''| ||W1||^2 ||w||^2,      sup|GELU''| = 2 phi(0) = sqrt(2/pi)
+
+(g = max|gamma|), hence ||J_F(x)|| <= `lipschitz(v)` and ||J_F(x) - J_F(z)|| <= `curvature(v)` max_i ||x_i - z_i||
+whenever the segment [x, z] keeps variance >= v (Lemma 2: both parts are block-diagonal per token, T is linear).
+
+The logarithmic norm mu_2(A) = lambda_max((A + A^T) / 2) at a point is bounded in two ways:
+- `dense_lognorm`: the whole Jacobian (n = H W C columns by forward mode), its symmetric part's largest eigenvalue
+  verified by a floating-point Cholesky factorisation of (mu I - S) (Rump's criterion, Lemma 3);
+- `structured_lognorm`: mu_2(T D1 + D2) <= ||T|| max_i ||D1_i|| + max_i mu_2(D2_i), the per-token C x C blocks
+  verified the same way; O(N C^3) instead of O(N^3 C^3).
+Floating-point errors of evaluating F and its directional derivatives are bounded a priori (`rounding_bounds`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
+GELU2_SUP = math.sqrt(2 / math.pi)  # sup |GELU''| = |phi(0) (2 - 0)| (proofs/s5_check.py checks it)
+LN_CURVATURE = 6.0  # ||D^2 xhat[u, u]|| <= 6 ||u||^2 / (sqrt(C) s^2), s^2 = var + eps (proofs/S5.md, Lemma 1)
+
+
+def gamma(n: int, u: float = U64) -> float:
+    """gamma_n = n u / (1 - n u): the classical bound on the relative error of an n-term dot product."""
+    if n * u >= 1:
+        return math.inf
+    return n * u / (1 - n * u)
+
+
+def unit_roundoff(dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclasses.dataclass
+class FieldConstants:
+    """Weight-only numbers of F = T LN1 + MLP LN2 from which the state-dependent bounds follow."""
+    C: int
+    N: int
+    T_norm: float  # ||T||_2 upper bound (ssog_lipschitz on this grid)
+    T_abs: float  # || |T| ||_2 bound (rounding magnitudes)
+    g1: float  # max |gamma| of LN1 (1 for Identity)
+    g2: float
+    eps1: float  # LN epsilon (inf: Identity, whose Jacobian is I and curvature 0)
+    eps2: float
+    W1: float  # ||W1||_2, ||W2||_2 of the MLP (0: no MLP)
+    W2: float
+    W1_abs: float
+    W2_abs: float
+    gelu1: float  # sup |GELU'|
+    bias_norm: float  # ||b_o|| + ||b2|| per token + ||W2|| ||b1||: magnitudes of the affine parts
+    rho1: float  # LN1 image radius per token (sqrt(C) g1 + ||beta1||), inf for Identity
+    rho2: float
+    hidden: int
+
+    @property
+    def mlp_lipschitz(self) -> float:
+        return self.W2 * self.gelu1 * self.W1
+
+    def ln_jacobian(self, which: int, v) -> float:
+        g, e = (self.g1, self.eps1) if which == 1 else (self.g2, self.eps2)
+        if math.isinf(e):
+            return 1.0
+        return g / math.sqrt(v + e) if v + e > 0 else math.inf
+
+    def ln_curvature(self, which: int, v) -> float:
+        g, e = (self.g1, self.eps1) if which == 1 else (self.g2, self.eps2)
+        if math.isinf(e):
+            return 0.0
+        return LN_CURVATURE * g / (math.sqrt(self.C) * (v + e)) if v + e > 0 else math.inf
+
+    def lipschitz(self, v: float) -> float:
+        """||J_F(x)||_2 at states whose tokens have variance >= v."""
+        return self.T_norm * self.ln_jacobian(1, v) + self.mlp_lipschitz * self.ln_jacobian(2, v)
+
+    def curvature(self, v: float) -> float:
+        """M2 with ||J_F(x) - J_F(z)|| <= M2 max_i ||x_i - z_i|| (and ||D^2 F[u, u]|| <= M2 ||u||^2) where
+        every point of [x, z] has token variance >= v."""
+        l2 = self.ln_jacobian(2, v)
+        return (self.T_norm * self.ln_curvature(1, v) + self.mlp_lipschitz * self.ln_curvature(2, v)
+                + self.W2 * GELU2_SUP * self.W1 ** 2 * l2 * l2)
+
+
+def _op(w) -> float:
+    return float(torch.linalg.matrix_norm(w, ord=2)) * (1 + 1e-12) if w.numel() else 0.0
+
+
+def _ln_numbers(norm, C, fk):
+    if isinstance(norm, nn.Identity):
+        return 1.0, math.inf, math.inf, 0.0
+    if not isinstance(norm, nn.LayerNorm):
+        raise TypeError(f"unsupported norm {type(norm).__name__}; expected nn.LayerNorm or nn.Identity")
+    g = norm.weight.detach().to(**fk) if norm.weight is not None else torch.ones(C, **fk)
+    b = norm.bias.detach().to(**fk) if norm.bias is not None else torch.zeros(C, **fk)
+    gm = float(g.abs().max())
+    return gm, float(norm.eps), math.sqrt(C) * gm + float(b.norm()), float(b.norm())
+
+
+def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) -> FieldConstants:
+    """The constants of `FieldConstants` for an SSoG block on an H x W grid (||T|| from `ssog_lipschitz`)."""
+    from ..mixers.ssog import SSoG
+    from .spectral import ssog_lipschitz, ssog_params
+    if not isinstance(block.mixer, SSoG):
+        raise TypeError("the enclosure needs a linear mixer (SSoG, fixed kernel): its second derivative vanishes; "
+                        f"got {type(block.mixer).__name__}, whose curvature bound is not implemented")
+    fk = dict(dtype=dtype, device=device)
+    for name, p in block.named_parameters():
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"block parameter {name} has non-finite entries; fix the weights before certifying")
+    C = block.mixer.dim if hasattr(block.mixer, "dim") else block.mixer.v_proj.in_features
+    g1, e1, r1, _ = _ln_numbers(block.norm1, C, fk)
+    g2, e2, r2, _ = _ln_numbers(block.norm2, C, fk)
+    T = float(ssog_lipschitz(block.mixer, H, W, dtype=dtype, device=device).upper)
+    p = ssog_params(block.mixer, dtype=dtype, device=device)
+    d = p.head_dim
+    T_abs = sum(float(p.alpha[h].abs().sum()) * _op(p.WV[:, h * d:(h + 1) * d].abs() @ p.WO[h * d:(h + 1) * d].abs())
+                for h in range(p.num_heads))  # |G_n| = G_n has row and column sums <= 1
+    bo = block.mixer.o_proj.bias
+    bias = float(bo.detach().to(**fk).norm()) if bo is not None else 0.0
+    if block.mlp is not None:
+        w1, w2 = block.mlp.fc1.weight.detach().to(**fk), block.mlp.fc2.weight.detach().to(**fk)
+        b1 = block.mlp.fc1.bias.detach().to(**fk).norm() if block.mlp.fc1.bias is not None else 0.0
+        b2 = block.mlp.fc2.bias.detach().to(**fk).norm() if block.mlp.fc2.bias is not None else 0.0
+        W1, W2, W1a, W2a = _op(w1), _op(w2), _op(w1.abs()), _op(w2.abs())
+        bias += float(b2) + W2a * float(b1)
+        hidden = w1.shape[0]
+    else:
+        W1 = W2 = W1a = W2a = 0.0
+        hidden = 0
+    from .. import symbolic
+    return FieldConstants(C=C, N=H * W, T_norm=T, T_abs=T_abs, g1=g1, g2=g2, eps1=e1, eps2=e2, W1=W1, W2=W2,
+                          W1_abs=W1a, W2_abs=W2a, gelu1=symbolic.gelu_derivative_sup("exact"), bias_norm=bias,
+                          rho1=r1, rho2=r2, hidden=hidden)
+
+
+def rounding_bounds(k: FieldConstants, y: torch.Tensor, v: float) -> tuple[torch.Tensor, float]:
+    """(eps_F per sample, eps_J): a-priori bounds ||fl(F(y)) - F(y)|| <= eps_F and ||fl(J_F(y) w) - J_F(y) w|| <=
+    eps_J ||w|| for float evaluation in y's dtype at states y (B, H, W, C) of token variance >= v.
+
+    Model (proofs/S5.md, Lemma 4): every intermediate is a dot product of length <= K or an elementary function
+    within a few ulps, so its error is <= gamma_K times the absolute-value evaluation; LayerNorm divides by the
+    token's std, which amplifies the absolute error of centring by a = max_i ||y_i|| / (sqrt(C) std_i)."""
+    u = unit_roundoff(y.dtype)
+    K = 2 * (k.C + k.hidden + 4 * int(math.isqrt(k.N) + 1) * 8) + 64
+    gK = gamma(K, u)
+    std = (y.var(dim=-1, unbiased=False) + 0.0).sqrt()
+    amp = (y.norm(dim=-1) / (math.sqrt(k.C) * std.clamp_min(1e-300))).flatten(1).amax(1)  # (B,)
+    rho1 = k.rho1 if math.isfinite(k.rho1) else float(y.norm(dim=-1).max())
+    rho2 = k.rho2 if math.isfinite(k.rho2) else float(y.norm(dim=-1).max())
+    mag = math.sqrt(k.N) * (k.T_abs * rho1 + k.W2_abs * k.gelu1 * k.W1_abs * rho2 + k.bias_norm)
+    eps_F = gK * (2 + amp) * mag * 4
+    lin = k.T_abs * k.ln_jacobian(1, v) + k.W2_abs * k.gelu1 * k.W1_abs * k.ln_jacobian(2, v)
+    eps_J = gK * (2 + float(amp.max())) * lin * 8
+    return eps_F, eps_J
+
+
+# --------------------------------------------------------------------------------------- verified eigenvalues
+
+def verified_lambda_max(S: torch.Tensor, *, tries: int = 6, guess: torch.Tensor | None = None) -> torch.Tensor:
+    """Upper bounds on lambda_max of the exact symmetric matrices S (..., n, n) given in floating point.
+
+    lambda is from eigvalsh; it becomes a proof by Cholesky: if the floating-point Cholesky factorisation of
+    A - c I, A = fl(mu I - S), runs to completion with c >= gamma_{n+1} / (1 - 2 gamma_{n+1}) tr(A) + (diagonal
+    rounding of A), then mu I - S is positive definite, so lambda_max(S) < mu (Rump 2006, Lemma 3 in proofs/S5.md).
+    mu starts at lambda + 1e-12 ||S||_F and grows tenfold per failed try; inf where all tries fail."""
+    n = S.shape[-1]
+    u = unit_roundoff(S.dtype)
+    if guess is not None and guess.shape == S.shape[:-2] and bool(torch.isfinite(guess).all()):
+        ok, val = _cholesky_certifies(S, guess + 1e-3 * (1 + guess.abs()), u)
+        if bool(ok.all()):
+            return val
+    lam = torch.linalg.eigvalsh(S)[..., -1]
+    scale = torch.linalg.matrix_norm(S).clamp_min(torch.finfo(S.dtype).tiny)
+    gn = gamma(n + 1, u)
+    alpha = gn / (1 - 2 * gn)
+    eye = torch.eye(n, dtype=S.dtype, device=S.device)
+    out = torch.full_like(lam, math.inf)
+    pad = 1e-12 * scale + 4 * n * u * scale
+    todo = torch.ones_like(lam, dtype=torch.bool)
+    for _ in range(tries):
+        mu = lam + pad
+        A = mu[..., None, None] * eye - S
+        diag = A.diagonal(dim1=-2, dim2=-1)
+        c = alpha * diag.abs().sum(-1) + u * (mu.abs() + S.diagonal(dim1=-2, dim2=-1).abs().amax(-1)) \
+            + 4 * (2 * n + 1) * torch.finfo(S.dtype).tiny
+        _, info = torch.linalg.cholesky_ex(A - c[..., None, None] * eye)
+        ok = (info == 0) & todo
+        out = torch.where(ok, mu * (1 + 2 * u) + 0.0, out)  # upward rounding of the reported float
+        todo = todo & ~ok
+        if not bool(todo.any()):
+            break
+        pad = pad * 10
+    return out
+
+
+def _cholesky_certifies(S, mu, u):
+    """(ok, mu rounded up): ok where fl-Cholesky of fl(mu I - S) - c I completes (so lambda_max(S) < mu)."""
+    n = S.shape[-1]
+    gn = gamma(n + 1, u)
+    eye = torch.eye(n, dtype=S.dtype, device=S.device)
+    A = mu[..., None, None] * eye - S
+    c = gn / (1 - 2 * gn) * A.diagonal(dim1=-2, dim2=-1).abs().sum(-1) \
+        + u * (mu.abs() + S.diagonal(dim1=-2, dim2=-1).abs().amax(-1)) + 4 * (2 * n + 1) * torch.finfo(S.dtype).tiny
+    _, info = torch.linalg.cholesky_ex(A - c[..., None, None] * eye)
+    return info == 0, mu * (1 + 2 * u)
+
+
+# ------------------------------------------------------------------------------------------- point log-norms
+
+def dense_jacobian(block, y: torch.Tensor) -> torch.Tensor:
+    """J_F at one state y (H, W, C) as an n x n matrix by forward mode (n evaluations: for checks only)."""
+    shape = y.shape
+    f = lambda z: block.vector_field(z.reshape(1, *shape)).reshape(-1)
+    with torch.enable_grad():  # the MLP's no-grad slicing writes in place, which forward mode cannot trace
+        return torch.func.jacfwd(f)(y.reshape(-1)).detach()
+
+
+class DenseLogNorm:
+    """Point log-norms mu_2(J_F(y)) from the closed form J_F = T D1 + D2 (T dense once, D1, D2 per token):
+    n x n matrices without n evaluations of F. `guess`: try a Cholesky certificate at guess first (one
+    factorisation instead of an eigensolver, valid whatever the guess)."""
+
+    def __init__(self, block, H: int, W: int, *, dtype=torch.float64, device=None):
+        from .spectral import dense_operator, ssog_params
+        p = ssog_params(block.mixer, dtype=dtype, device=device)
+        self.block, self.T = block, dense_operator(p, H, W)
+        self.T_abs = self.T.abs()
+        self.last = None  # last eigen-solved value per sample (a starting guess for the next point)
+
+    def jacobian(self, y: torch.Tensor):
+        """(J (B, n, n), rounding bound on ||fl(J) - J||_2 per sample) at states y (B, H, W, C)."""
+        B, C = y.shape[0], y.shape[-1]
+        D1, _, D2 = token_jacobians(self.block, y, full=True)  # (B, N, C, C)
+        N = D1.shape[1]
+        n = N * C
+        T = self.T.reshape(n, N, C)
+        J = torch.einsum("anc,bncd->band", T, D1).reshape(B, n, n)
+        Ja = torch.einsum("anc,bncd->band", self.T_abs.reshape(n, N, C), D1.abs()).reshape(B, n, n)
+        if D2 is not None:
+            idx = torch.arange(N, device=y.device)
+            Jv = J.view(B, N, C, N, C)
+            Jv[:, idx, :, idx, :] += D2.transpose(0, 1)
+            Ja.view(B, N, C, N, C)[:, idx, :, idx, :] += D2.abs().transpose(0, 1)
+        u = unit_roundoff(y.dtype)
+        # products of length C plus the kernel's own evaluation (exp, normaliser): gamma_{C + 64} |T| |D1| + |D2|
+        err = gamma(C + 64, u) * torch.linalg.matrix_norm(Ja) * 4
+        return J, err
+
+    def __call__(self, y: torch.Tensor, eps_J: float) -> torch.Tensor:
+        J, err = self.jacobian(y)
+        S = (J + J.transpose(-1, -2)) / 2
+        out = verified_lambda_max(S, guess=self.last)
+        self.last = out.detach().clone()
+        return out + err + unit_roundoff(y.dtype) * torch.linalg.matrix_norm(J)
+
+
+def dense_lognorm(block, y: torch.Tensor, eps_J: float) -> torch.Tensor:
+    """Upper bounds on mu_2(J_F(y_b)) for every sample of y (B, H, W, C): exact up to verified rounding."""
+    return DenseLogNorm(block, y.shape[1], y.shape[2], dtype=y.dtype, device=y.device)(y, eps_J)
+
+
+def token_jacobians(block, y: torch.Tensor, full: bool = False):
+    """Per-token ||D1_i|| bounds (B, N) and D2_i = J_{MLP o LN2}(y_i) (B, N, C, C), in closed form
+    (full=True: (D1 (B, N, C, C), ||D1_i|| bounds, D2))."""
+    B = y.shape[0]
+    C = y.shape[-1]
+    x = y.reshape(B, -1, C)
+
+    def ln_jac(norm, x):
+        if isinstance(norm, nn.Identity):
+            return None, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+        s = (x.var(dim=-1, unbiased=False) + norm.eps).sqrt()
+        xh = (x - x.mean(-1, keepdim=True)) / s[..., None]
+        g = norm.weight if norm.weight is not None else torch.ones(C, dtype=x.dtype, device=x.device)
+        eye = torch.eye(C, dtype=x.dtype, device=x.device)
+        P = eye - 1.0 / C - xh[..., :, None] * xh[..., None, :] / C
+        return g[:, None] * P / s[..., None, None], g.abs().max() / s
+
+    D1, n1 = ln_jac(block.norm1, x)
+    if full and D1 is None:
+        D1 = torch.eye(C, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], C, C)
+    if block.mlp is None:
+        return (D1, n1, None) if full else (n1, None)
+    J2, _ = ln_jac(block.norm2, x)
+    u = block.norm2(x)
+    z = block.mlp.fc1(u)
+    dg = torch.special.ndtr(z) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)  # GELU'(z), exact GELU
+    M = (block.mlp.fc2.weight * dg[..., None, :]) @ block.mlp.fc1.weight  # W2 diag(GELU') W1
+    D2 = M @ J2 if J2 is not None else M
+    return (D1, n1, D2) if full else (n1, D2)
+
+
+def structured_lognorm(block, k: FieldConstants, y: torch.Tensor, eps_J: float) -> torch.Tensor:
+    """mu_2(J_F(y_b)) <= ||T|| max_i ||D1_i|| + max_i mu_2(D2_i), per sample (B,), rounding included."""
+    n1, D2 = token_jacobians(block, y)
+    u = unit_roundoff(y.dtype)
+    first = k.T_norm * n1.amax(-1) * (1 + 8 * u * k.C)
+    if D2 is None:
+        return first + eps_J
+    S = (D2 + D2.transpose(-1, -2)) / 2
+    lam = verified_lambda_max(S)  # (B, N)
+    # forming D2 = W2 diag W1 J2: products of length <= hidden + C, a-priori bound in Frobenius norm
+    form = gamma(k.hidden + 2 * k.C + 16, u) * k.W2_abs * k.W1_abs * k.gelu1 * float(n1.max()) * k.C
+    return first + lam.amax(-1) + form + eps_J
