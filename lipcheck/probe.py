@@ -39,8 +39,12 @@ one power-iteration step for the top right singular vector v of J(X) and one pro
 X along grad_X ||J(X) v||, onto each sample's own ball ||X||_F <= R. Steps that do not improve are undone
 with a halved step, so a restart never ends below its start. Starts per radius: structured witnesses
 (below), constant tokens for maps with a LayerNorm, then random inputs on the sphere drawn from a
-generator seeded by (seed, R): a radius gets the same starts and the same result whether it is probed
-alone or with others.
+generator seeded by (seed, R), so a radius draws the same starts alone or among others. Then
+`refine_rounds` rounds, again one batch over all radii, continue each radius's best `refine_top`
+restarts and start one more from the next smaller radius's best input (it lies inside the larger
+ball): a warm-started sweep over the radii, pipelined one radius per round. Every sample keeps its own
+step size and the batch only stacks independent computations, so `batch_radii=False` (one radius at a
+time) gives the same numbers.
 
 Certification. Every reported value is ||J(X) v|| / ||v|| re-evaluated in float64 at the returned X
 (||X||_F <= R checked in float64) and an actual vector v: a Jacobian norm attained at an actual input,
@@ -144,8 +148,9 @@ def _linear(lin: nn.Linear, device, dtype):
     return lin.weight.detach().to(device, dtype).T.contiguous(), b
 
 
-def attention_tangent(p: dict, X: torch.Tensor, V: torch.Tensor):
-    """(f(X), J(X) V) of DenseAttention for X, V (S, N, C) with batched matmuls.
+def attention_tangent(p: dict, X: torch.Tensor, V: torch.Tensor, need_y: bool = True):
+    """(f(X), J(X) V) of DenseAttention for X, V (S, N, C) with batched matmuls (f(X) is None when not
+    `need_y`: the probe's objective reads J V alone, which saves the primal output projection).
 
     With per-head Q = X W_Q + b_Q (K, V alike), S = Q K^T / sqrt d, P = softmax(S) row-wise:
     dQ = V W_Q, dS = (dQ K^T + Q dK^T) / sqrt d, dP = P o (dS - rowsum(P o dS)) (softmax's Jacobian
@@ -154,8 +159,8 @@ def attention_tangent(p: dict, X: torch.Tensor, V: torch.Tensor):
     h = p["heads"]
     d = C // h
     heads = lambda t: t.reshape(S, N, h, d).transpose(1, 2)  # (S, h, N, d)
-    # separate products for the primal and the tangent: slicing one concatenated product would cost a
-    # zero-filled full-size gradient per slice in the backward pass
+    # separate products per projection, primal and tangent: splitting one fused product costs more in
+    # the backward pass (zero-filled slice gradients or a stack) than the extra calls
     q, k, v = (heads(X @ p[f"W{n}"] + p[f"b{n}"]) for n in "qkv")
     dq, dk, dv = (heads(V @ p[f"W{n}"]) for n in "qkv")
     scale = 1.0 / math.sqrt(d)
@@ -164,7 +169,7 @@ def attention_tangent(p: dict, X: torch.Tensor, V: torch.Tensor):
     PdS = P * dS
     dP = PdS - P * PdS.sum(-1, keepdim=True)
     merge = lambda t: t.transpose(1, 2).reshape(S, N, C)
-    y = merge(P @ v) @ p["Wo"] + p["bo"]
+    y = merge(P @ v) @ p["Wo"] + p["bo"] if need_y else None
     dy = merge(dP @ v + P @ dv) @ p["Wo"]
     return y, dy
 
@@ -187,13 +192,13 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def mlp_tangent(p: dict, X: torch.Tensor, V: torch.Tensor):
+def mlp_tangent(p: dict, X: torch.Tensor, V: torch.Tensor, need_y: bool = True):
     """(MLP(X), J V) for fc2(GELU(fc1 x)) with exact (erf) GELU: GELU'(a) = Phi(a) + a phi(a)."""
     a = X @ p["W1"] + p["b1"]
     da = V @ p["W1"]
     Phi = 0.5 * (1.0 + torch.erf(a * _INV_SQRT2))
     g1 = Phi + a * torch.exp(-0.5 * a * a) * _INV_SQRT2PI
-    return (a * Phi) @ p["W2"] + p["b2"], (g1 * da) @ p["W2"]
+    return ((a * Phi) @ p["W2"] + p["b2"] if need_y else None), (g1 * da) @ p["W2"]
 
 
 def _attention_params(m: DenseAttention, device, dtype) -> dict:
@@ -227,7 +232,7 @@ def _analytic_tangent(module: nn.Module, device, dtype):
     """The batched-matmul tangent map for DenseAttention and pre-norm blocks around one; None otherwise."""
     if type(module) is DenseAttention:
         p = _attention_params(module, device, dtype)
-        return lambda X, V: attention_tangent(p, X, V)
+        return lambda X, V, need_y=True: attention_tangent(p, X, V, need_y)
     if not isinstance(module, BlockMap) or type(module.block.mixer) is not DenseAttention:
         return None
     b = module.block
@@ -243,12 +248,12 @@ def _analytic_tangent(module: nn.Module, device, dtype):
     lt1 = (lambda X, V: layernorm_tangent(ln1, X, V)) if ln1 is not None else ident
     lt2 = (lambda X, V: layernorm_tangent(ln2, X, V)) if ln2 is not None else ident
 
-    def tangent(X, V):
-        y, dy = attention_tangent(pa, *lt1(X, V))
+    def tangent(X, V, need_y=True):
+        y, dy = attention_tangent(pa, *lt1(X, V), need_y)
         if pm is None:
             return y, dy
-        ym, dym = mlp_tangent(pm, *lt2(X, V))
-        return y + ym, dy + dym
+        ym, dym = mlp_tangent(pm, *lt2(X, V), need_y)
+        return (y + ym if need_y else None), dy + dym
     return tangent
 
 
@@ -270,13 +275,13 @@ def tangent_map(layer: nn.Module, grid: tuple[int, int], *, device=None, dtype=t
     def f(X):
         S, N, C = X.shape
         return functional_call(module, state, (X.reshape(S, H, W, C),)).reshape(S, N, C)
-    return lambda X, V: jvp(f, (X,), (V,))
+    return lambda X, V, need_y=True: jvp(f, (X,), (V,))
 
 
 def _half_sq(tangent):
     """(X, V) -> (sum_s 0.5 ||J_s V_s||^2, per-sample 0.5 ||J_s V_s||^2): the probe's one objective."""
     def obj(X, V):
-        val = 0.5 * tangent(X, V)[1].pow(2).flatten(1).sum(1)
+        val = 0.5 * tangent(X, V, False)[1].pow(2).flatten(1).sum(1)
         return val.sum(), val.detach()
     return obj
 
@@ -561,7 +566,7 @@ def certify(tangent, X: torch.Tensor, v0: torch.Tensor | None = None, *, method:
             v0 = torch.randn(X.shape, dtype=torch.float64, generator=generator).to(X)  # CPU generator, any device
         v, _, rel, nsteps = lanczos_top(_jtj(tangent), X, v0, tol=tol, max_steps=steps, progress=progress)
     v = _unit(v)
-    value = tangent(X, v)[1].flatten(1).norm(dim=1)  # the certified number: ||J v|| at an actual (X, v)
+    value = tangent(X, v, False)[1].flatten(1).norm(dim=1)  # the certified number: ||J v|| at an actual (X, v)
     return value, v, rel, nsteps
 
 
