@@ -388,7 +388,8 @@ def render(data, curves, radii, attn_upper, bb, ssog_L, ssog_how, bench, args) -
                           f" per restart and step in {b['dtype']}" for b in bench)
               + ", and the ratio is largest where the products are cheapest (float32).", "",
               "## Reproduce", "",
-              "```"] + [d["stamp"]["command"] for d in data["size_runs"]] + [
+              "```"] + [f"lipcheck probe --grid {d['grid'][0]}x{d['grid'][1]} --width {d['width']}"
+                        + (" --quick" if d["mode"] == "quick" else "") for d in data["size_runs"]] + [
               "python experiments/attention_growth.py" + (" --quick" if data["mode"] == "quick" else ""),
               "pytest tests/test_probe.py", "```", "",
               "(`lipcheck probe ...` runs the same script with the same options; the size runs go first: this "
