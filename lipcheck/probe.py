@@ -68,6 +68,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
 import math
 import time
 
@@ -788,9 +789,13 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
     ascent steps. lr: initial step as a fraction of R (adapted per restart). certify_top: how many of the
     best restarts per radius are certified in float64 (plus the best witness-started one), by Lanczos
     ("auto") stopped at relative residual certify_tol or after certify_steps, or by dense jacrev + SVD
-    ("dense", small grids). fit_min_radius: default the upper half of the radii. dim: C, when the module
+    ("dense", small grids). refine_rounds, refine_steps (default: steps), refine_top: the batched
+    refinement rounds (continue the best refine_top restarts per radius, plus one from the next smaller
+    radius's best input). fit_min_radius: default the upper half of the radii. dim: C, when the module
     does not tell it. analytic: use the batched-matmul tangent map where one exists (else torch.func.jvp).
-    device: default cuda when available, else cpu. dtype: of the search (certification is float64).
+    batch_radii: False runs each radius's ascent and certification on its own (same numbers, slower; for
+    checking). device: default cuda when available, else cpu. dtype: of the search (certification is float64).
+    Returns a `GrowthResult`; result.tolerance holds the Lanczos residual reached per radius.
     """
     radii = _check_radii(radii)
     H, W = _check_grid(grid)
@@ -827,8 +832,9 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
     analytic_used = analytic and _analytic_tangent(module, device, torch.float64) is not None
     dirs = []
     if witnesses and isinstance(layer, DenseAttention) and N >= 3:
-        dirs = [_witness_parts(layer, u, focus, device=device) for focus in (WITNESS_FOCUS, None)
-                for u in witness_directions(layer, device=device).values()][:restarts]
+        us = list(witness_directions(layer, device=device).values())
+        dirs = list(itertools.islice((_witness_parts(layer, u, focus, device=device)  # only those used
+                                      for focus in (WITNESS_FOCUS, None) for u in us), restarts))
     is_ln_map = any(isinstance(m, nn.LayerNorm) for m in module.modules())
 
     nR = len(radii)
