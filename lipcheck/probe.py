@@ -1,28 +1,59 @@
 """Attention growth (SPEC S4): certified lower bounds on L(R) = sup_{||X||_F <= R} ||J_f(X)||_2.
 
-The map probed is the whole multi-head attention layer `DenseAttention` as a map of one token grid,
-X (N x C, N = H W) -> f(X) (N x C), with its output projection and all four biases:
+The map probed is any nn.Module f mapping token grids (B, H, W, C) -> (B, H, W, C) that treats the B
+grids independently (eval mode: no batch statistics), as a map of one grid X (N x C, N = H W). For
+lipcheck's `DenseAttention` that is the whole multi-head layer with its output projection and biases,
 
-    f(X) = sum_h softmax(Q^h K^h^T / sqrt(d)) V^h W_O^h + b_O,  Q^h = X W_Q^h + b_Q^h (K, V alike).
+    f(X) = sum_h softmax(Q^h K^h^T / sqrt(d)) V^h W_O^h + b_O,  Q^h = X W_Q^h + b_Q^h (K, V alike);
 
-Inputs are measured in the Frobenius norm of X, the Jacobian in the spectral norm. The same probe
-runs on a pre-norm block's mixer branch x -> Mixer(LN1 x) and on the Neural-ODE vector field
-F(x) = Mixer(LN1 x) + MLP(LN2 x) (`BlockMap`).
+the same probe runs on a pre-norm block's mixer branch x -> Mixer(LN1 x) and on the Neural-ODE vector
+field F(x) = Mixer(LN1 x) + MLP(LN2 x) (`BlockMap`). Inputs are measured in the Frobenius norm of X,
+the Jacobian in the spectral norm.
 
-Search. For each radius R, all restarts move together as one batched tensor computation
-(torch.func.vmap over jvp and grad): each step takes one power-iteration step for the top right
-singular vector v of J(X) and one projected ascent step on X along grad_X ||J(X) v|| (the gradient
-of the top singular value, by the envelope theorem), onto the ball ||X||_F <= R. Steps that do not
-improve are undone with a halved step, so a restart never ends below its start. Starts: the best
-input of the previous radius (inside the larger ball) with its certified singular vector, the
-structured witnesses below, then random inputs on the sphere. Since L is nondecreasing in R, a radius
-whose own certified value falls below the previous one reports the previous input and value.
+Tangent maps. Everything the probe computes is built from one function, (X, V) -> (f(X), J(X) V) on a
+batch (S, N, C). For DenseAttention and for BlockMap / VectorField over a Block whose mixer is a
+DenseAttention it is written out with batched matmuls (`attention_tangent`, `layernorm_tangent`,
+`mlp_tangent`; the tests check them against autograd). For any other module it is torch.func.jvp of
+the batched forward: the grids are independent, so J of the batch is block diagonal and one jvp of
+the batch gives every grid's own J V, with no vmap. Gradients come from reverse mode through the
+tangent map: grad_V 0.5 ||J V||^2 = J^T J V, grad_X 0.5 ||J V||^2 (the envelope-theorem ascent
+direction of the top singular value).
 
-Certification. Every reported value is ||J(X) v|| / ||v|| re-evaluated in float64 at the returned
-X (||X||_F <= R checked in float64) and an actual vector v: a Jacobian norm attained at an actual
-input, hence a certified lower bound on L(R). v is the top right singular vector of the dense
-Jacobian (jacrev + SVD) where N C is small, else the Rayleigh-Ritz vector of float64 subspace
-iteration on J^T J.
+A foreign attention block on (B, N, C) tokens (timm's `Attention`, say) is probed through a wrapper:
+
+    class OnGrid(nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.attn = attn
+        def forward(self, x):                      # (B, H, W, C) -> (B, H, W, C)
+            B, H, W, C = x.shape
+            return self.attn(x.reshape(B, H * W, C)).reshape(B, H, W, C)
+
+    attention_growth(OnGrid(timm_block.attn).double(), radii, grid=(14, 14), dim=C)
+
+(`dim` is needed when the module has no `.dim`, LayerNorm or DenseAttention to read C from; a fused
+SDPA kernel without forward-mode AD needs its explicit-softmax path, e.g. timm's `fused_attn=False`.)
+
+Search. All radii and all restarts move together as one batch (S = radii x restarts): each step takes
+one power-iteration step for the top right singular vector v of J(X) and one projected ascent step on
+X along grad_X ||J(X) v||, onto each sample's own ball ||X||_F <= R. Steps that do not improve are undone
+with a halved step, so a restart never ends below its start. Starts per radius: structured witnesses
+(below), constant tokens for maps with a LayerNorm, then random inputs on the sphere drawn from a
+generator seeded by (seed, R), so a radius draws the same starts alone or among others. Then
+`refine_rounds` rounds, again one batch over all radii, continue each radius's best `refine_top`
+restarts and start one more from the next smaller radius's best input (it lies inside the larger
+ball): a warm-started sweep over the radii, pipelined one radius per round. Every sample keeps its own
+step size and the batch only stacks independent computations, so `batch_radii=False` (one radius at a
+time) gives the same numbers.
+
+Certification. Every reported value is ||J(X) v|| / ||v|| re-evaluated in float64 at the returned X
+(||X||_F <= R checked in float64) and an actual vector v: a Jacobian norm attained at an actual input,
+hence a certified lower bound on L(R) whatever the search or the eigensolver did. v is the top Ritz
+vector of Lanczos on J^T J (full reorthogonalisation, float64), started from the search's own vector
+and stopped once the relative residual ||J^T J y - theta y|| / theta of the top Ritz pair is <= the
+stated tolerance (`certify_tol`, or after `certify_steps`); the residual reached is reported. Since
+the balls are nested, L is nondecreasing in R: `lower` is the running maximum of the per-radius values
+`attained` (a smaller radius's input lies in every larger ball).
 
 Witness (Kim, Papamakarios and Mnih 2021). A query token whose logits are all equal (at 0 for a
 bias-free layer) and two key tokens at +-(R / sqrt 2) u: the query's diagonal Jacobian block is
@@ -36,18 +67,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import itertools
 import math
+import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, jacrev, jvp, vjp, vmap
+from torch.func import functional_call, grad_and_value, jacrev, jvp
 
 from .bounds.attention import head_matrices
 from .mixers.attention import DenseAttention
 
-CERTIFY_METHODS = ("auto", "dense", "subspace")
-DENSE_MAX = 1024
-WITNESS_FOCUS = 15.0  # logit margin of the focused witness: weight e^-15 per token off the two keys  # dense jacrev + SVD up to this many input entries N C, subspace iteration above
+CERTIFY_METHODS = ("auto", "lanczos", "dense", "subspace")  # "subspace": the former name, now Lanczos
+WITNESS_FOCUS = 15.0  # logit margin of the focused witness: weight e^-15 per token off the two keys
 
 
 def default_device() -> torch.device:
@@ -77,13 +111,14 @@ class BlockMap(nn.Module):
 
 
 def _as_map(layer: nn.Module) -> nn.Module:
-    """A private copy that batches under vmap: attention on the explicit-softmax "math" backend
-    (SDPA's CPU backward has no vmap rule); a VectorField (which logs its state) becomes its block's field."""
+    """A private float-checked copy in eval mode: attention on the explicit-softmax "math" backend
+    (SDPA has no forward-mode AD rule on every device); a VectorField (which logs its state) becomes
+    its block's field."""
     from .models.ode import VectorField
     if isinstance(layer, VectorField):
         layer = BlockMap(layer.block, "vector_field")
     if not isinstance(layer, nn.Module):
-        raise TypeError(f"layer must be an nn.Module mapping (1, H, W, C) -> (1, H, W, C), got {type(layer).__name__}")
+        raise TypeError(f"layer must be an nn.Module mapping (B, H, W, C) -> (B, H, W, C), got {type(layer).__name__}")
     m = copy.deepcopy(layer)
     for sub in m.modules():
         if isinstance(sub, DenseAttention):
@@ -104,6 +139,162 @@ def _functional(module: nn.Module, H: int, W: int, *, device, dtype):
     def f(X):
         return functional_call(module, state, (X.reshape(1, H, W, X.shape[-1]),)).reshape(X.shape)
     return f
+
+
+# ------------------------------------------------------------------------------------ tangent maps
+
+def _linear(lin: nn.Linear, device, dtype):
+    """(W^T, b) of an nn.Linear as constants: y = x W^T + b."""
+    b = lin.bias.detach().to(device, dtype) if lin.bias is not None else None
+    return lin.weight.detach().to(device, dtype).T.contiguous(), b
+
+
+def attention_tangent(p: dict, X: torch.Tensor, V: torch.Tensor, need_y: bool = True):
+    """(f(X), J(X) V) of DenseAttention for X, V (S, N, C) with batched matmuls (f(X) is None when not
+    `need_y`: the probe's objective reads J V alone, which saves the primal output projection).
+
+    With per-head Q = X W_Q + b_Q (K, V alike), S = Q K^T / sqrt d, P = softmax(S) row-wise:
+    dQ = V W_Q, dS = (dQ K^T + Q dK^T) / sqrt d, dP = P o (dS - rowsum(P o dS)) (softmax's Jacobian
+    diag(p) - p^T p per row), d(P Vv) = dP Vv + P dVv, dY = d(P Vv) W_O."""
+    S, N, C = X.shape
+    h = p["heads"]
+    d = C // h
+    heads = lambda t: t.reshape(S, N, h, d).transpose(1, 2)  # (S, h, N, d)
+    # separate products per projection, primal and tangent: splitting one fused product costs more in
+    # the backward pass (zero-filled slice gradients or a stack) than the extra calls
+    q, k, v = (heads(X @ p[f"W{n}"] + p[f"b{n}"]) for n in "qkv")
+    dq, dk, dv = (heads(V @ p[f"W{n}"]) for n in "qkv")
+    scale = 1.0 / math.sqrt(d)
+    P = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)
+    dS = (dq @ k.transpose(-2, -1) + q @ dk.transpose(-2, -1)) * scale
+    PdS = P * dS
+    dP = PdS - P * PdS.sum(-1, keepdim=True)
+    merge = lambda t: t.transpose(1, 2).reshape(S, N, C)
+    y = merge(P @ v) @ p["Wo"] + p["bo"] if need_y else None
+    dy = merge(dP @ v + P @ dv) @ p["Wo"]
+    return y, dy
+
+
+def layernorm_tangent(p: dict, X: torch.Tensor, V: torch.Tensor):
+    """(LN(X), J V) per token: xhat = (x - mean) r, r = (var + eps)^-1/2 (biased variance),
+    d xhat = r (dxc - xhat mean(xhat dxc)), dxc = dx - mean(dx); LN = gamma xhat + beta."""
+    mu = X.mean(-1, keepdim=True)
+    xc = X - mu
+    r = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + p["eps"])
+    xhat = xc * r
+    dxc = V - V.mean(-1, keepdim=True)
+    dxhat = r * (dxc - xhat * (xhat * dxc).mean(-1, keepdim=True))
+    g, b = p["gamma"], p["beta"]
+    y = xhat if g is None else xhat * g
+    return (y if b is None else y + b), (dxhat if g is None else dxhat * g)
+
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def mlp_tangent(p: dict, X: torch.Tensor, V: torch.Tensor, need_y: bool = True):
+    """(MLP(X), J V) for fc2(GELU(fc1 x)) with exact (erf) GELU: GELU'(a) = Phi(a) + a phi(a)."""
+    a = X @ p["W1"] + p["b1"]
+    da = V @ p["W1"]
+    Phi = 0.5 * (1.0 + torch.erf(a * _INV_SQRT2))
+    g1 = Phi + a * torch.exp(-0.5 * a * a) * _INV_SQRT2PI
+    return ((a * Phi) @ p["W2"] + p["b2"] if need_y else None), (g1 * da) @ p["W2"]
+
+
+def _attention_params(m: DenseAttention, device, dtype) -> dict:
+    zero = torch.zeros(m.dim, device=device, dtype=dtype)
+    p = {"heads": m.num_heads}
+    for n, lin in (("q", m.q_proj), ("k", m.k_proj), ("v", m.v_proj), ("o", m.o_proj)):
+        W, b = _linear(lin, device, dtype)
+        p[f"W{n}"], p[f"b{n}"] = W, (b if b is not None else zero)
+    return p
+
+
+def _layernorm_params(m: nn.Module, device, dtype):
+    if isinstance(m, nn.Identity):
+        return None
+    if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:
+        cv = lambda t: t.detach().to(device, dtype) if t is not None else None
+        return {"eps": m.eps, "gamma": cv(m.weight), "beta": cv(m.bias)}
+    raise NotImplementedError
+
+
+def _mlp_params(m: nn.Module, device, dtype):
+    from .models.vit import Mlp
+    if type(m) is not Mlp:
+        raise NotImplementedError
+    (W1, b1), (W2, b2) = _linear(m.fc1, device, dtype), _linear(m.fc2, device, dtype)
+    z = lambda b, n: b if b is not None else torch.zeros(n, device=device, dtype=dtype)
+    return {"W1": W1, "b1": z(b1, W1.shape[1]), "W2": W2, "b2": z(b2, W2.shape[1])}
+
+
+def _analytic_tangent(module: nn.Module, device, dtype):
+    """The batched-matmul tangent map for DenseAttention and pre-norm blocks around one; None otherwise."""
+    if type(module) is DenseAttention:
+        p = _attention_params(module, device, dtype)
+        return lambda X, V, need_y=True: attention_tangent(p, X, V, need_y)
+    if not isinstance(module, BlockMap) or type(module.block.mixer) is not DenseAttention:
+        return None
+    b = module.block
+    try:
+        ln1 = _layernorm_params(b.norm1, device, dtype)
+        pa = _attention_params(b.mixer, device, dtype)
+        use_mlp = module.branch == "vector_field" and b.mlp is not None
+        ln2 = _layernorm_params(b.norm2, device, dtype) if use_mlp else None
+        pm = _mlp_params(b.mlp, device, dtype) if use_mlp else None
+    except NotImplementedError:
+        return None
+    ident = lambda X, V: (X, V)
+    lt1 = (lambda X, V: layernorm_tangent(ln1, X, V)) if ln1 is not None else ident
+    lt2 = (lambda X, V: layernorm_tangent(ln2, X, V)) if ln2 is not None else ident
+
+    def tangent(X, V, need_y=True):
+        y, dy = attention_tangent(pa, *lt1(X, V), need_y)
+        if pm is None:
+            return y, dy
+        ym, dym = mlp_tangent(pm, *lt2(X, V), need_y)
+        return (y + ym if need_y else None), dy + dym
+    return tangent
+
+
+def tangent_map(layer: nn.Module, grid: tuple[int, int], *, device=None, dtype=torch.float64,
+                analytic: bool = True):
+    """T(X, V) = (f(X), J_f(X) V) for batches X, V (S, N, C) of grids, in (device, dtype).
+
+    Analytic (batched matmuls) for DenseAttention and BlockMap / VectorField over a DenseAttention
+    block when `analytic`; otherwise torch.func.jvp of the module's batched forward."""
+    H, W = _check_grid(grid)
+    device = torch.device(device) if device is not None else default_device()
+    module = _as_map(layer).to(device=device, dtype=dtype)
+    t = _analytic_tangent(module, device, dtype) if analytic else None
+    if t is not None:
+        return t
+    state = {k: v.detach() for k, v in module.named_parameters()}
+    state.update({k: v.detach() for k, v in module.named_buffers()})
+
+    def f(X):
+        S, N, C = X.shape
+        return functional_call(module, state, (X.reshape(S, H, W, C),)).reshape(S, N, C)
+    return lambda X, V, need_y=True: jvp(f, (X,), (V,))
+
+
+def _half_sq(tangent):
+    """(X, V) -> (sum_s 0.5 ||J_s V_s||^2, per-sample 0.5 ||J_s V_s||^2): the probe's one objective."""
+    def obj(X, V):
+        val = 0.5 * tangent(X, V, False)[1].pow(2).flatten(1).sum(1)
+        return val.sum(), val.detach()
+    return obj
+
+
+def _jtj(tangent):
+    """V -> (J^T J V, ||J V||^2) per sample: the gradient in V of 0.5 ||J V||^2."""
+    g = grad_and_value(_half_sq(tangent), argnums=1, has_aux=True)
+
+    def jtj(X, V):
+        gV, (_, val) = g(X, V)
+        return gV, 2 * val
+    return jtj
 
 
 # ------------------------------------------------------------------------------------------- witness
@@ -148,6 +339,13 @@ def attention_witness(layer: DenseAttention, radius: float, grid: tuple[int, int
     N = H * W
     if N < 3:
         raise ValueError(f"the witness needs at least 3 tokens (a query and two keys); grid={grid} has {N}")
+    return _assemble_witness(_witness_parts(layer, u, focus, dtype=dtype, device=device), radius, (H, W),
+                             query=query, keys=keys)
+
+
+def _witness_parts(layer: DenseAttention, u: torch.Tensor, focus: float | None, *, dtype=torch.float64,
+                   device=None) -> tuple:
+    """The radius-free part of `attention_witness`: (u, balanced query x_q, focused (cost, x_q, m) or None)."""
     m = head_matrices(layer, dtype=dtype, device=device)
     A, Bh, c = m["A"], m["B"], m["c"]
     h, C = A.shape[0], A.shape[1]
@@ -156,7 +354,7 @@ def attention_witness(layer: DenseAttention, radius: float, grid: tuple[int, int
     u = u / u.norm()
     M = torch.einsum("hcd,d->hc", A, u)  # rows A_h u^T
     xq = torch.linalg.pinv(M) @ (-(c @ u))
-    mk = torch.zeros(C, dtype=dtype, device=A.device)
+    best = None
     if focus is not None:
         hs = int(torch.argmax(M.norm(dim=1) * torch.einsum("c,hcd->hd", u, Bh).norm(dim=1)))  # dominant head
         # null space of the balance constraints and of u: directions the query may move in freely
@@ -164,7 +362,6 @@ def attention_witness(layer: DenseAttention, radius: float, grid: tuple[int, int
         Pn = torch.eye(C, dtype=dtype, device=A.device) - Qc @ Qc.T
         Pu = torch.eye(C, dtype=dtype, device=A.device) - torch.outer(u, u)
         zeta = torch.linalg.svd(Pn @ A[hs] @ Pu)[0][:, 0]  # moves q^hs the most within u's complement
-        best = None
         for s in torch.logspace(-2, 3, 41).tolist():
             x0 = xq + s * zeta
             g = x0 @ A[hs] + c[hs]  # q^hs W_K^hs^T: the query's logit direction in input space
@@ -176,12 +373,22 @@ def attention_witness(layer: DenseAttention, radius: float, grid: tuple[int, int
             cost = float(x0 @ x0) + 2 * gamma ** 2
             if best is None or cost < best[0]:
                 best = (cost, x0, gamma * mhat)
-        if best is not None and best[0] < radius ** 2:
-            xq, mk = best[1], best[2]
+    return u, xq, best
+
+
+def _assemble_witness(parts: tuple, radius: float, grid: tuple[int, int], *, query: int = 0,
+                      keys: tuple[int, int] = (1, 2)) -> torch.Tensor:
+    """`attention_witness` at one radius from its radius-free parts."""
+    u, xq, best = parts
+    H, W = grid
+    C = u.shape[0]
+    mk = torch.zeros_like(u)
+    if best is not None and best[0] < radius ** 2:
+        xq, mk = best[1], best[2]
     if float(xq.norm()) > radius:  # the balance correction alone leaves the ball: shrink it, keys get nothing
         xq = xq * (radius / float(xq.norm()))
     a = math.sqrt(max(radius ** 2 - float(xq @ xq) - 2 * float(mk @ mk), 0.0) / 2)
-    X = torch.zeros(N, C, dtype=dtype, device=A.device)
+    X = torch.zeros(H * W, C, dtype=u.dtype, device=u.device)
     X[query] = xq
     X[keys[0]], X[keys[1]] = mk + a * u, mk - a * u
     return X.reshape(H, W, C)
@@ -269,54 +476,99 @@ def witness_closed_form(layer: DenseAttention, radius: float, grid: tuple[int, i
 
 # -------------------------------------------------------------------------------------- certification
 
-def _jtj(f):
-    def jtj(X, v):
-        _, Jv = jvp(f, (X,), (v,))
-        return vjp(f, X)[1](Jv)[0]
-    return jtj
+def _unit(t):
+    return t / t.flatten(1).norm(dim=1).clamp_min(1e-300).reshape(-1, *([1] * (t.dim() - 1)))
 
 
-def _jv_norm(f):
-    return lambda X, v: jvp(f, (X,), (v,))[1].norm()
+def lanczos_top(jtj, X: torch.Tensor, v0: torch.Tensor, *, tol: float = 1e-6, max_steps: int = 60,
+                progress: bool = False):
+    """Top Ritz pair of J^T J per sample by Lanczos with full reorthogonalisation, batched over X (S, N, C).
+
+    Started from v0 (the search's own vector); sample s stops at the first step where the relative
+    residual rel = beta_k |y_k| / theta = ||J^T J y - theta y|| / theta of its top Ritz pair (theta, y)
+    is <= tol, on breakdown (an invariant subspace: rel ~ 0), or after max_steps. Converged samples
+    leave the batch, so each sample's result is that of a run on it alone.
+    Returns (y (S, N, C) unit Ritz vectors, theta (S,), rel (S,), steps (S,) int)."""
+    S, shape = X.shape[0], X.shape[1:]
+    n = X[0].numel()
+    dev, dt = X.device, X.dtype
+    out_y = torch.zeros(S, n, dtype=dt, device=dev)
+    out_theta = torch.zeros(S, dtype=dt, device=dev)
+    out_rel = torch.full((S,), math.inf, dtype=dt, device=dev)
+    out_steps = torch.zeros(S, dtype=torch.long, device=dev)
+    idx = torch.arange(S, device=dev)
+    q = _unit(v0.to(X).reshape(S, n))
+    Xa, Q, alphas, betas = X, [q], [], []
+    q_prev, b_prev = torch.zeros_like(q), torch.zeros(S, dtype=dt, device=dev)
+    max_steps = max(1, min(int(max_steps), n))
+    it = range(max_steps)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc="certify (Lanczos)", unit="step", leave=False)
+    for j in it:
+        w = jtj(Xa, q.reshape(-1, *shape))[0].reshape(-1, n)
+        a = (q * w).sum(1)
+        w = w - a[:, None] * q - b_prev[:, None] * q_prev
+        Qm = torch.stack(Q, 1)  # (Sa, j + 1, n)
+        for _ in range(2):  # full reorthogonalisation, twice is enough (Kahan)
+            w = w - torch.einsum("skn,sk->sn", Qm, torch.einsum("skn,sn->sk", Qm, w))
+        b = w.norm(dim=1)
+        alphas.append(a)
+        T = torch.diag_embed(torch.stack(alphas, 1))
+        if betas:
+            off = torch.diag_embed(torch.stack(betas, 1), offset=1)
+            T = T + off + off.transpose(1, 2)
+        evals, evecs = torch.linalg.eigh(T)
+        theta, s = evals[:, -1], evecs[:, :, -1]
+        rel = b * s[:, -1].abs() / theta.abs().clamp_min(torch.finfo(dt).tiny)
+        done = (rel <= tol) | (b <= 64 * torch.finfo(dt).eps * theta.abs()) | torch.tensor(j == max_steps - 1, device=dev)
+        if bool(done.any()):
+            i = idx[done]
+            out_y[i] = torch.einsum("skn,sk->sn", Qm[done], s[done])
+            out_theta[i], out_rel[i], out_steps[i] = theta[done], rel[done], j + 1
+        keep = ~done
+        if not bool(keep.any()):
+            break
+        idx, Xa = idx[keep], Xa[keep]
+        Q = [t[keep] for t in Q]
+        alphas = [t[keep] for t in alphas]
+        betas = [t[keep] for t in betas] + [b[keep]]
+        q_prev, b_prev = q[keep], b[keep]
+        q = w[keep] / b[keep][:, None]
+        Q.append(q)
+    return _unit(out_y).reshape(S, *shape), out_theta, out_rel, out_steps
 
 
-def certify(f, X: torch.Tensor, v0: torch.Tensor | None = None, *, method: str = "auto", steps: int = 300,
-            block: int = 6, generator: torch.Generator | None = None):
+def certify(tangent, X: torch.Tensor, v0: torch.Tensor | None = None, *, method: str = "auto", steps: int = 60,
+            tol: float = 1e-6, f=None, generator: torch.Generator | None = None, progress: bool = False):
     """Certified ||J_f(X)||_2 lower bounds for a batch X (S, N, C) (float64 in, float64 out).
 
-    Returns (value (S,), v (S, N, C) unit): value = ||J v|| for that actual v. "dense": v is the top
-    right singular vector of jacrev's Jacobian (value equals its largest singular value to rounding);
-    "subspace": Rayleigh-Ritz vector after `steps` of subspace iteration on J^T J with `block` vectors
-    (started from v0 where given)."""
+    tangent: the float64 tangent map (X, V) -> (f(X), J V) on batches. Returns (value (S,), v (S, N, C) unit,
+    rel (S,), steps (S,)): value = ||J v|| for that actual v, recomputed in float64 after the eigensolver.
+    "lanczos" ("auto", "subspace"): v is the top Ritz vector of `lanczos_top` from v0 (random where None),
+    rel the relative residual it reached. "dense": v is the top right singular vector of the dense
+    Jacobian (jacrev of the single-grid map f + SVD; small grids only), rel 0."""
     if method not in CERTIFY_METHODS:
         raise ValueError(f"unknown certify method {method!r}; choose one of {CERTIFY_METHODS}")
     S, N, C = X.shape
     n = N * C
-    if method == "auto":
-        method = "dense" if n <= DENSE_MAX else "subspace"
     if method == "dense":
+        if f is None:
+            raise ValueError("certify(method='dense') needs the single-grid map f (X (N, C) -> (N, C))")
         vs = []
         for s in range(S):  # one dense Jacobian at a time keeps memory at n^2
             J = jacrev(f)(X[s]).reshape(n, n)  # [out, in]
             vs.append(torch.linalg.svd(J)[2][0].reshape(N, C))
         v = torch.stack(vs)
+        rel = torch.zeros(S, dtype=X.dtype, device=X.device)
+        nsteps = torch.zeros(S, dtype=torch.long, device=X.device)
     else:
-        k = min(block, n)
-        V = torch.randn(S, k, N, C, dtype=torch.float64, generator=generator).to(X)  # CPU generator, any device
-        if v0 is not None:
-            V[:, 0] = v0
-        jtj = vmap(vmap(_jtj(f), in_dims=(None, 0)), in_dims=(0, 0))
-        Q = torch.linalg.qr(V.reshape(S, k, n).transpose(1, 2)).Q  # (S, n, k)
-        for _ in range(steps):
-            Wm = jtj(X, Q.transpose(1, 2).reshape(S, k, N, C)).reshape(S, k, n).transpose(1, 2)
-            Q = torch.linalg.qr(Wm).Q
-        jv = vmap(vmap(lambda X_, v_: jvp(f, (X_,), (v_,))[1], in_dims=(None, 0)), in_dims=(0, 0))
-        JQ = jv(X, Q.transpose(1, 2).reshape(S, k, N, C)).reshape(S, k, n)  # rows J q_r
-        Z = torch.linalg.svd(JQ.transpose(1, 2))[2][:, 0]  # (S, k): top right singular vector of J Q
-        v = torch.einsum("snk,sk->sn", Q, Z).reshape(S, N, C)
-    v = v / v.flatten(1).norm(dim=1).reshape(S, 1, 1)
-    value = vmap(_jv_norm(f))(X, v)  # the certified number: ||J v|| at an actual (X, v), recomputed
-    return value, v
+        if v0 is None:
+            v0 = torch.randn(X.shape, dtype=torch.float64, generator=generator).to(X)  # CPU generator, any device
+        v, _, rel, nsteps = lanczos_top(_jtj(tangent), X, v0, tol=tol, max_steps=steps, progress=progress)
+    v = _unit(v)
+    value = tangent(X, v, False)[1].flatten(1).norm(dim=1)  # the certified number: ||J v|| at an actual (X, v)
+    return value, v, rel, nsteps
 
 
 # ------------------------------------------------------------------------------------------ the probe
@@ -325,14 +577,20 @@ def certify(f, X: torch.Tensor, v0: torch.Tensor | None = None, *, method: str =
 class GrowthResult:
     """Per-radius certified lower bounds on L(R) and the fitted growth exponent.
 
-    lower[r] = ||J(X[r]) v[r]|| in float64 with ||X[r]||_F <= radii[r]; search[r] is the best value the
-    search saw (in its dtype); witness[r] the best certified value among the structured witnesses alone
-    (nan if none). exponent is the least-squares slope of log lower on log R over R >= fit_min_radius, with
-    a 95% t-interval exponent_ci."""
+    attained[r] = ||J(X) v|| in float64 at the best certified input the search found for radius r itself
+    (||X||_F <= radii[r]); lower[r] = max(attained[:r + 1]) (nested balls: L is nondecreasing), with X[r],
+    v[r] the input and vector attaining it. tolerance[r] is the relative Lanczos residual reached for that
+    v (0 for dense SVD), lanczos_steps[r] the steps it took. search[r] is the best value the search saw
+    (in its dtype); witness[r] the best certified value among the witness-started restarts (nan if none).
+    exponent is the least-squares slope of log lower on log R over R >= fit_min_radius, with a 95%
+    t-interval exponent_ci. seconds: wall time of the search and of the certification."""
     radii: list
     lower: list
+    attained: list
     search: list
     witness: list
+    tolerance: list
+    lanczos_steps: list
     X: torch.Tensor
     v: torch.Tensor
     exponent: float
@@ -343,7 +601,12 @@ class GrowthResult:
     restarts: int
     steps: int
     certify_method: str
+    certify_tol: float
     map: str
+    tangent: str
+    device: str
+    dtype: str
+    seconds: dict
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -397,50 +660,58 @@ def _check_radii(radii) -> list:
     return radii
 
 
+def _col(R, X):
+    """R as a (S, 1, 1) tensor beside X (S, N, C): one radius per sample."""
+    return torch.as_tensor(R, dtype=X.dtype, device=X.device).reshape(-1, 1, 1).expand(X.shape[0], 1, 1)
+
+
 def _sphere(X, R):
     n = X.flatten(1).norm(dim=1).clamp_min(1e-300).reshape(-1, 1, 1)
-    return X * (R / n)
+    return X * (_col(R, X) / n)
 
 
 def _ball(X, R):
+    R = _col(R, X)
     n = X.flatten(1).norm(dim=1).reshape(-1, 1, 1)
     return torch.where(n > R, X * (R / n.clamp_min(1e-300)), X)
 
 
-def _unit(t):
-    return t / t.flatten(1).norm(dim=1).clamp_min(1e-300).reshape(-1, 1, 1)
+def ascend(tangent, X: torch.Tensor, R, *, steps: int, lr: float = 0.05, power_warmup: int = 10,
+           generator: torch.Generator | None = None, v0: torch.Tensor | None = None, progress: bool = False):
+    """Batched projected ascent of ||J(X)||_2 over ||X||_F <= R from the starts X (S, N, C).
 
-
-def ascend(f, X: torch.Tensor, R: float, *, steps: int, lr: float = 0.05, power_warmup: int = 10,
-           generator: torch.Generator | None = None, v0: torch.Tensor | None = None):
-    """Batched projected ascent of ||J_f(X)||_2 over ||X||_F <= R from the starts X (S, N, C).
-
-    One vmapped call per step returns, for every restart, 0.5 ||J(X) v||^2 and its gradients in X and v:
-    the v-gradient J^T J v is the power-iteration step for the top right singular vector, the X-gradient
-    (envelope theorem) the ascent direction. A step that does not raise ||J v|| is undone and the step
-    halved, one that does grows it 1.5x; all restarts share the tensors, none is looped over.
-    Returns (best (S,), bestX (S, N, C), bestv (S, N, C)) with best[s] = ||J(bestX[s]) v|| for an actual v.
-    """
+    tangent: (X, V) -> (f(X), J V) on batches. R: one radius, or one per sample (S,). One call per step
+    returns, for every sample, 0.5 ||J(X) v||^2 and its gradients in X and v (reverse mode through the
+    tangent map): the v-gradient J^T J v is the power-iteration step for the top right singular vector, the
+    X-gradient (envelope theorem) the ascent direction. A step that does not raise ||J v|| is undone and
+    the step halved, one that does grows it 1.5x; every sample keeps its own step, so its path does not
+    depend on the others in the batch. Returns (best (S,), bestX (S, N, C), bestv (S, N, C)) with
+    best[s] = ||J(bestX[s]) v|| for an actual v."""
     S = X.shape[0]
-    value_grad = vmap(grad_and_value(lambda X_, v_: 0.5 * jvp(f, (X_,), (v_,))[1].pow(2).sum(), argnums=(0, 1)))
-    jtj = vmap(_jtj(f))
+    Rc = _col(R, X)
+    value_grad = grad_and_value(_half_sq(tangent), argnums=(0, 1), has_aux=True)
+    jtj = _jtj(tangent)
     v = _unit(v0.to(X) if v0 is not None else torch.randn(X.shape, generator=generator, dtype=torch.float64).to(X))
     for _ in range(power_warmup):
-        v = _unit(jtj(X, v))
+        v = _unit(jtj(X, v)[0])
     best = torch.full((S,), -math.inf, dtype=X.dtype, device=X.device)
     bestX, bestv, bestg = X.clone(), v.clone(), torch.zeros_like(X)
-    step = torch.full((S, 1, 1), lr * R, dtype=X.dtype, device=X.device)
-    for _ in range(steps + 1):
-        (gX, gv), val = value_grad(X, v)
+    step = lr * Rc.clone()
+    it = range(steps + 1)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc=f"search ({S} starts)", unit="step", leave=False)
+    for _ in it:
+        (gX, gv), (_, val) = value_grad(X, v)
         sigma = (2 * val).clamp_min(0).sqrt()
-        ok = (sigma > best) & torch.isfinite(sigma) & torch.isfinite(gX.flatten(1)).all(1)
+        ok = (sigma > best) & torch.isfinite(sigma) & torch.isfinite(gX.flatten(1).sum(1))  # a finite sum: all finite
         okb = ok.reshape(S, 1, 1)
         best = torch.where(ok, sigma, best)
         bestX = torch.where(okb, X, bestX)
         bestv = torch.where(okb, _unit(gv), bestv)
         bestg = torch.where(okb, _unit(gX), bestg)
         step = torch.where(okb, step * 1.5, step * 0.5)
-        X = _ball(bestX + step * bestg, R)
+        X = _ball(bestX + step * bestg, Rc)
         v = bestv
     return best, bestX, bestv
 
@@ -451,22 +722,21 @@ def benchmark_batched_vs_loop(layer: nn.Module, radius: float, grid: tuple[int, 
     """Wall time of `ascend` on `restarts` random starts as one batch vs a Python loop over them (same
     starts and power-iteration vectors, same steps). Returns seconds for both, the ratio, and the best value
     of each run (the same computation, so they agree up to rounding)."""
-    import time
     H, W = _check_grid(grid)
     device = torch.device(device) if device is not None else default_device()
     module = _as_map(layer)
     C = _infer_channels(module)
-    f = _functional(module, H, W, device=device, dtype=dtype)
+    tan = tangent_map(layer, (H, W), device=device, dtype=dtype)
     g = torch.Generator().manual_seed(seed)
     X0 = _sphere(torch.randn(restarts, H * W, C, generator=g, dtype=torch.float64), radius).to(device, dtype)
     V0 = torch.randn(restarts, H * W, C, generator=g, dtype=torch.float64).to(device, dtype)
-    ascend(f, X0[:2], radius, steps=1, power_warmup=1)  # warm-up: first-call overheads out of the timing
+    ascend(tan, X0[:2], radius, steps=1, power_warmup=1)  # warm-up: first-call overheads out of the timing
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync(); t0 = time.perf_counter()
-    b_batch = ascend(f, X0, radius, steps=steps, power_warmup=power_warmup, v0=V0)[0]
+    b_batch = ascend(tan, X0, radius, steps=steps, power_warmup=power_warmup, v0=V0)[0]
     sync(); t_batch = time.perf_counter() - t0
     t0 = time.perf_counter()
-    b_loop = torch.cat([ascend(f, X0[s:s + 1], radius, steps=steps, power_warmup=power_warmup, v0=V0[s:s + 1])[0]
+    b_loop = torch.cat([ascend(tan, X0[s:s + 1], radius, steps=steps, power_warmup=power_warmup, v0=V0[s:s + 1])[0]
                         for s in range(restarts)])
     sync(); t_loop = time.perf_counter() - t0
     return {"restarts": restarts, "steps": steps, "power_warmup": power_warmup, "radius": radius,
@@ -475,20 +745,57 @@ def benchmark_batched_vs_loop(layer: nn.Module, radius: float, grid: tuple[int, 
             "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
 
 
+def _radius_generator(seed: int, R: float) -> torch.Generator:
+    """A CPU generator seeded by (seed, R) alone: a radius draws the same starts in any batch."""
+    h = hashlib.sha256(f"{int(seed)}:{float(R).hex()}".encode()).digest()
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(h[:8], "little") & (2 ** 63 - 1))
+
+
+def _starts(layer, R: float, H: int, W: int, C: int, restarts: int, dirs: list, is_ln_map: bool, seed: int,
+            device, dtype):
+    """Starting inputs (restarts, N, C), power-iteration vectors and their kinds for one radius."""
+    N = H * W
+    starts, kinds = [], []
+    for parts in dirs[:restarts]:  # radius-free witness parts, focused first
+        starts.append(_assemble_witness(parts, R, (H, W)).reshape(N, C))
+        kinds.append("witness")
+    if is_ln_map and len(starts) < restarts:  # constant tokens: zero variance, where LayerNorm's Jacobian is largest
+        starts.append(torch.full((N, C), R / math.sqrt(N * C), dtype=torch.float64, device=device))
+        kinds.append("constant")
+    gen = _radius_generator(seed, R)
+    n_rand = restarts - len(starts)
+    X = torch.stack(starts).to(dtype) if starts else torch.empty(0, N, C, dtype=dtype, device=device)
+    if n_rand:
+        Z = torch.randn(n_rand, N, C, generator=gen, dtype=torch.float64).to(device)
+        X = torch.cat([X, _sphere(Z, R).to(dtype)])
+        kinds += ["random"] * n_rand
+    V0 = torch.randn(restarts, N, C, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    return X, V0, kinds
+
+
 def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *, restarts: int = 16,
                      steps: int = 60, lr: float = 0.05, power_warmup: int = 10, certify_method: str = "auto",
-                     certify_steps: int = 300, certify_top: int = 2, fit_min_radius: float | None = None,
-                     witnesses: bool = True, device=None, dtype=torch.float64, seed: int = 0,
+                     certify_steps: int = 60, certify_tol: float = 1e-6, certify_top: int = 2,
+                     refine_rounds: int = 2, refine_steps: int | None = None, refine_top: int = 4,
+                     fit_min_radius: float | None = None, witnesses: bool = True, dim: int | None = None,
+                     analytic: bool = True, batch_radii: bool = True, device=None, dtype=torch.float64, seed: int = 0,
                      progress: bool = False) -> GrowthResult:
     """Certified lower bounds on L(R) = sup_{||X||_F <= R} ||J_f(X)||_2 for each R in `radii`.
 
     layer: a DenseAttention (the whole layer, output projection and biases included), a `BlockMap`,
-    a VectorField, or any module mapping (1, H, W, C) -> (1, H, W, C). restarts: starting points per
-    radius, searched together in one batch (previous best, witnesses, then random). steps: projected
+    a VectorField, or any module mapping (B, H, W, C) -> (B, H, W, C) with independent grids (see the
+    module docstring for a (B, N, C) attention block). restarts: starting points per radius; all radii's
+    restarts are searched together as one batch (witnesses, constant tokens, random). steps: projected
     ascent steps. lr: initial step as a fraction of R (adapted per restart). certify_top: how many of the
-    best restarts are re-evaluated in float64 (certify_method "auto": dense jacrev + SVD when N C <= 1024,
-    else subspace iteration with certify_steps). fit_min_radius: default the upper half of the radii.
-    device: default cuda when available, else cpu. dtype: of the search (certification is float64).
+    best restarts per radius are certified in float64 (plus the best witness-started one), by Lanczos
+    ("auto") stopped at relative residual certify_tol or after certify_steps, or by dense jacrev + SVD
+    ("dense", small grids). refine_rounds, refine_steps (default: steps), refine_top: the batched
+    refinement rounds (continue the best refine_top restarts per radius, plus one from the next smaller
+    radius's best input). fit_min_radius: default the upper half of the radii. dim: C, when the module
+    does not tell it. analytic: use the batched-matmul tangent map where one exists (else torch.func.jvp).
+    batch_radii: False runs each radius's ascent and certification on its own (same numbers, slower; for
+    checking). device: default cuda when available, else cpu. dtype: of the search (certification is float64).
+    Returns a `GrowthResult`; result.tolerance holds the Lanczos residual reached per radius.
     """
     radii = _check_radii(radii)
     H, W = _check_grid(grid)
@@ -498,8 +805,19 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
     if not (isinstance(certify_top, int) and certify_top >= 1):
         raise ValueError(f"certify_top must be an integer >= 1, got {certify_top!r}")
+    if not (isinstance(certify_steps, int) and certify_steps >= 1):
+        raise ValueError(f"certify_steps must be an integer >= 1 (the most Lanczos steps), got {certify_steps!r}")
+    if not (isinstance(certify_tol, (int, float)) and math.isfinite(certify_tol) and certify_tol > 0):
+        raise ValueError(f"certify_tol must be a positive relative tolerance such as 1e-6, got {certify_tol!r}")
     if certify_method not in CERTIFY_METHODS:
         raise ValueError(f"unknown certify_method {certify_method!r}; choose one of {CERTIFY_METHODS}")
+    if not (isinstance(refine_rounds, int) and refine_rounds >= 0):
+        raise ValueError(f"refine_rounds must be an integer >= 0, got {refine_rounds!r}")
+    refine_steps = steps if refine_steps is None else refine_steps
+    if not (isinstance(refine_steps, int) and refine_steps >= 0):
+        raise ValueError(f"refine_steps must be an integer >= 0, got {refine_steps!r}")
+    if not (isinstance(refine_top, int) and refine_top >= 1):
+        raise ValueError(f"refine_top must be an integer >= 1, got {refine_top!r}")
     device = torch.device(device) if device is not None else default_device()
     if fit_min_radius is None:
         fit_min_radius = radii[len(radii) // 2]
@@ -508,77 +826,114 @@ def attention_growth(layer: nn.Module, radii, grid: tuple[int, int] = (4, 4), *,
     N = H * W
     if next(module.parameters(), None) is None:
         raise ValueError("layer has no parameters; nothing to probe")
-    C = _infer_channels(module)
-    f64 = _functional(copy.deepcopy(module), H, W, device=device, dtype=torch.float64)  # before any downcast
-    f = _functional(module, H, W, device=device, dtype=dtype)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-
+    C = int(dim) if dim is not None else _infer_channels(module)
+    tan = tangent_map(layer, (H, W), device=device, dtype=dtype, analytic=analytic)
+    tan64 = tangent_map(layer, (H, W), device=device, dtype=torch.float64, analytic=analytic)
+    analytic_used = analytic and _analytic_tangent(module, device, torch.float64) is not None
     dirs = []
     if witnesses and isinstance(layer, DenseAttention) and N >= 3:
-        dirs = list(witness_directions(layer, device=device).values())
+        us = list(witness_directions(layer, device=device).values())
+        dirs = list(itertools.islice((_witness_parts(layer, u, focus, device=device)  # only those used
+                                      for focus in (WITNESS_FOCUS, None) for u in us), restarts))
     is_ln_map = any(isinstance(m, nn.LayerNorm) for m in module.modules())
 
-    lower, search, wit_vals, Xs, vs = [], [], [], [], []
-    prev = prev_v = None
-    it = radii
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(radii, desc="attention_growth", unit="radius")
-    for R in it:
-        starts, kinds = [], []
-        if prev is not None:
-            starts.append(prev.to(dtype)); kinds.append("previous")
-        for focus in (WITNESS_FOCUS, None):
-            for u in dirs:
-                starts.append(attention_witness(layer, R, (H, W), u, focus=focus, device=device)
-                              .reshape(N, C).to(dtype))
-                kinds.append("witness")
-        if is_ln_map:  # constant tokens: zero variance, where LayerNorm's Jacobian is largest
-            starts.append(torch.full((N, C), R / math.sqrt(N * C), dtype=dtype, device=device))
-            kinds.append("constant")
-        starts, kinds = starts[:restarts], kinds[:restarts]
-        n_rand = restarts - len(starts)
-        X = torch.stack(starts) if starts else torch.empty(0, N, C, dtype=dtype, device=device)
-        if n_rand:
-            X = torch.cat([X, _sphere(rand(n_rand, N, C), R)])
-            kinds += ["random"] * n_rand
-        V0 = rand(X.shape[0], N, C)
-        if prev is not None:  # the previous radius's certified singular vector: its value is known, keep it
-            V0[0] = prev_v.to(dtype)
-        best, bestX, bestv = ascend(f, X, R, steps=steps, lr=lr, power_warmup=power_warmup, v0=V0)
-        # float64 re-evaluation of the most promising restarts
-        top = torch.argsort(best, descending=True)[:certify_top]
-        if prev is not None and 0 not in top.tolist():  # always re-certify the previous radius's input
-            top = torch.cat([top, torch.zeros(1, dtype=top.dtype, device=top.device)])
-        wit_idx = [i for i, k in enumerate(kinds) if k == "witness"]
-        if wit_idx:  # also certify the best witness-started restart, to report what the witnesses reach
-            wi = max(wit_idx, key=lambda i: float(best[i]))
-            if wi not in top.tolist():
-                top = torch.cat([top, torch.tensor([wi], device=top.device)])
-        X64 = bestX[top].to(torch.float64)
-        n64 = X64.flatten(1).norm(dim=1).reshape(-1, 1, 1)
-        X64 = torch.where(n64 > R * (1 - 1e-13), X64 * (R * (1 - 1e-12) / n64), X64)  # strictly inside, in float64
-        if not bool((X64.flatten(1).norm(dim=1) <= R).all()):
-            raise RuntimeError(f"internal error: a certified input left the ball ||X||_F <= {R}")
-        val64, v64 = certify(f64, X64, bestv[top].to(torch.float64), method=certify_method, steps=certify_steps,
-                             generator=gen)
-        j = int(torch.argmax(val64))
-        Xj, vj, Lj = X64[j].detach().clone(), v64[j].detach().clone(), float(val64[j])
-        if lower and lower[-1] > Lj:  # L is nondecreasing in R: the previous input, inside this ball, is better
-            Xj, vj, Lj = Xs[-1].clone(), vs[-1].clone(), lower[-1]
-        lower.append(Lj); search.append(float(best.max()))
-        Xs.append(Xj); vs.append(vj)
-        w = [float(val64[i]) for i, t in enumerate(top.tolist()) if kinds[t] == "witness"]
+    nR = len(radii)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def run(X, V, Rs, steps_):  # one ascent over samples grouped by radius, (nR, P, ...) in and out
+        P = X.shape[1]
+        if batch_radii:
+            out = ascend(tan, X.flatten(0, 1), Rs.repeat_interleave(P), steps=steps_, lr=lr,
+                         power_warmup=power_warmup, v0=V.flatten(0, 1), progress=progress)
+            return tuple(t.reshape(nR, P, *t.shape[1:]) for t in out)
+        outs = [ascend(tan, X[r], Rs[r:r + 1], steps=steps_, lr=lr, power_warmup=power_warmup, v0=V[r])
+                for r in range(nR)]
+        return tuple(torch.stack([o[i] for o in outs]) for i in range(3))
+
+    # 1. one batched search over every (radius, restart)
+    t0 = time.perf_counter()
+    per = [_starts(layer, R, H, W, C, restarts, dirs, is_ln_map, seed, device, dtype) for R in radii]
+    kinds = [p[2] for p in per]
+    Rs = torch.tensor(radii, dtype=torch.float64).to(device=device, dtype=dtype)
+    best, bestX, bestv = run(torch.stack([p[0] for p in per]), torch.stack([p[1] for p in per]), Rs, steps)
+    # 2. refinement rounds, again one batch over radii: each radius continues its best restarts and also
+    # starts from the smaller radius's best input (inside its ball), so good inputs travel up the radii
+    # as in a sequential warm-started sweep, pipelined one radius per round
+    for _ in range(refine_rounds):
+        k = min(refine_top, best.shape[1])
+        top = torch.argsort(best, dim=1, descending=True)[:, :k]  # (nR, k)
+        ar = torch.arange(nR, device=top.device)[:, None]
+        pidx = (torch.arange(nR, device=top.device) - 1).clamp_min(0)  # radius 0: its own best once more
+        prevX = bestX[pidx, top[pidx, 0]][:, None]
+        prevv = bestv[pidx, top[pidx, 0]][:, None]
+        Xr = torch.cat([bestX[ar, top], prevX], 1)
+        Vr = torch.cat([bestv[ar, top], prevv], 1)
+        b2, X2, v2 = run(Xr, Vr, Rs, refine_steps)
+        # refined samples replace their origins (an ascent never ends below its start); the carried input joins
+        best, bestX, bestv = best.clone(), bestX.clone(), bestv.clone()
+        best[ar, top], bestX[ar, top], bestv[ar, top] = b2[:, :k], X2[:, :k], v2[:, :k]
+        best = torch.cat([best, b2[:, k:]], 1)
+        bestX, bestv = torch.cat([bestX, X2[:, k:]], 1), torch.cat([bestv, v2[:, k:]], 1)
+        kinds = [kd + ["previous"] for kd in kinds]
+    sync(); t_search = time.perf_counter() - t0
+
+    # 3. float64 certification of each radius's most promising restarts, all radii in one batch
+    t0 = time.perf_counter()
+    cand = []  # (radius index, restart index)
+    for r in range(nR):
+        top = torch.argsort(best[r], descending=True)[:certify_top].tolist()
+        wit = [i for i, kd in enumerate(kinds[r]) if kd == "witness"]
+        if wit:  # also the best witness-started restart: to report what the witnesses reach
+            wi = max(wit, key=lambda i: float(best[r, i]))
+            top += [wi] if wi not in top else []
+        cand += [(r, i) for i in top]
+    ri = torch.tensor([c[0] for c in cand], device=device)
+    si = torch.tensor([c[1] for c in cand], device=device)
+    X64 = bestX[ri, si].to(torch.float64)
+    Rc = torch.tensor([radii[r] for r, _ in cand], dtype=torch.float64, device=device).reshape(-1, 1, 1)
+    n64 = X64.flatten(1).norm(dim=1).reshape(-1, 1, 1)
+    X64 = torch.where(n64 > Rc * (1 - 1e-13), X64 * (Rc * (1 - 1e-12) / n64), X64)  # strictly inside, in float64
+    if not bool((X64.flatten(1).norm(dim=1).reshape(-1, 1, 1) <= Rc).all()):
+        raise RuntimeError("internal error: a certified input left its ball ||X||_F <= R")
+    f64 = _functional(copy.deepcopy(module), H, W, device=device, dtype=torch.float64) \
+        if certify_method == "dense" else None
+    V64 = bestv[ri, si].to(torch.float64)
+    if batch_radii:
+        val64, v64, rel, nst = certify(tan64, X64, V64, method=certify_method, steps=certify_steps, tol=certify_tol,
+                                       f=f64, progress=progress)
+    else:
+        parts = [certify(tan64, X64[ri == r], V64[ri == r], method=certify_method, steps=certify_steps,
+                         tol=certify_tol, f=f64) for r in range(nR)]
+        val64, v64, rel, nst = (torch.cat([p[i] for p in parts]) for i in range(4))
+    sync(); t_cert = time.perf_counter() - t0
+
+    attained, search, wit_vals, Xs, vs, tols, its = [], [], [], [], [], [], []
+    for r in range(len(radii)):
+        mine = [j for j, c in enumerate(cand) if c[0] == r]
+        j = max(mine, key=lambda j: float(val64[j]))
+        attained.append(float(val64[j])); Xs.append(X64[j]); vs.append(v64[j])
+        tols.append(float(rel[j])); its.append(int(nst[j]))
+        search.append(float(best[r].max()))
+        w = [float(val64[j]) for j in mine if kinds[r][cand[j][1]] == "witness"]
         wit_vals.append(max(w) if w else float("nan"))
-        prev, prev_v = Xj, vj
+    lower, Xl, vl, tl, il = [], [], [], [], []
+    for r in range(len(radii)):  # nested balls: a smaller radius's input is admissible here
+        k = r if not lower or attained[r] >= lower[-1] else None
+        if k is None:
+            lower.append(lower[-1]); Xl.append(Xl[-1]); vl.append(vl[-1]); tl.append(tl[-1]); il.append(il[-1])
+        else:
+            lower.append(attained[r]); Xl.append(Xs[r]); vl.append(vs[r]); tl.append(tols[r]); il.append(its[r])
     k, ci, b = fit_exponent(radii, lower, fit_min_radius) if sum(r >= fit_min_radius for r in radii) >= 2 \
         else (float("nan"), (float("nan"), float("nan")), float("nan"))
-    return GrowthResult(radii=radii, lower=lower, search=search, witness=wit_vals,
-                        X=torch.stack(Xs).reshape(len(radii), H, W, C).cpu(),
-                        v=torch.stack(vs).reshape(len(radii), H, W, C).cpu(), exponent=k, exponent_ci=ci,
+    return GrowthResult(radii=radii, lower=lower, attained=attained, search=search, witness=wit_vals,
+                        tolerance=tl, lanczos_steps=il,
+                        X=torch.stack(Xl).reshape(len(radii), H, W, C).cpu(),
+                        v=torch.stack(vl).reshape(len(radii), H, W, C).cpu(), exponent=k, exponent_ci=ci,
                         fit_min_radius=float(fit_min_radius), intercept=b, grid=(H, W), restarts=restarts,
-                        steps=steps, certify_method=certify_method, map=map_name)
+                        steps=steps, certify_method=certify_method, certify_tol=float(certify_tol), map=map_name,
+                        tangent="analytic (batched matmuls)" if analytic_used else "torch.func.jvp",
+                        device=str(device), dtype=str(dtype).replace("torch.", ""),
+                        seconds={"search": t_search, "certify": t_cert, "total": t_search + t_cert})
 
 
 def _infer_channels(module: nn.Module) -> int:
@@ -589,8 +944,8 @@ def _infer_channels(module: nn.Module) -> int:
             return m.normalized_shape[-1]
         if hasattr(m, "dim") and isinstance(m.dim, int):
             return m.dim
-    raise ValueError("cannot infer the channel count C of layer; pass a DenseAttention, a BlockMap or a module "
-                     "with a .dim attribute")
+    raise ValueError("cannot infer the channel count C of layer; pass dim=C, or a DenseAttention, a BlockMap or a "
+                     "module with a .dim attribute")
 
 
 def exact_jacobian_norm(layer: nn.Module, X: torch.Tensor) -> float:

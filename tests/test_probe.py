@@ -13,7 +13,8 @@ from lipcheck.bounds.attention import (attention_lipschitz_on_ball, attention_li
                                       layernorm_image_radius)
 from lipcheck.mixers.attention import DenseAttention
 from lipcheck.models.vit import Block
-from lipcheck.probe import BlockMap, attention_growth, attention_witness, witness_closed_form, witness_directions
+from lipcheck.probe import (BlockMap, attention_growth, attention_witness, tangent_map, witness_closed_form,
+                            witness_directions)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
@@ -44,20 +45,24 @@ def test_growth_ti_width_is_strictly_increasing_with_exponent_two():
     layer = DenseAttention(192, 3)  # preset ti width, default initialisation
     radii = [2.0 ** k for k in range(13)]
     r = attention_growth(layer, radii, grid=(4, 4), restarts=6, steps=8, power_warmup=6, certify_top=1,
-                         certify_steps=15, device="cpu", seed=0)
+                         refine_rounds=1, refine_steps=8, certify_steps=15, device="cpu", seed=0)
     assert r.fit_min_radius == 64.0
     assert all(b > a for a, b in zip(r.lower, r.lower[1:])), r.lower
     assert 1.9 <= r.exponent <= 2.1, (r.exponent, r.lower)
-    assert r.exponent_ci[0] <= r.exponent <= r.exponent_ci[1]
     norms = r.X.flatten(1).norm(dim=1)
     assert bool((norms <= torch.tensor(radii, dtype=norms.dtype)).all())
+    # the slope computed here, independently of the library's fit
+    x = torch.log(torch.tensor(radii[6:], dtype=torch.float64))
+    y = torch.log(torch.tensor(r.lower[6:], dtype=torch.float64))
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+    assert slope == pytest.approx(r.exponent, rel=1e-9)
 
 
 # ------------------------------------------------------------------------------- must-show 2
 
 @settings(deadline=None, max_examples=5)
 @given(st.sampled_from([(4, 1), (6, 2), (8, 2)]), st.sampled_from([(2, 2), (2, 3), (3, 1)]),
-       st.integers(0, 2 ** 16), st.sampled_from(["dense", "subspace"]))
+       st.integers(0, 2 ** 16), st.sampled_from(["dense", "lanczos"]))
 def test_probe_values_equal_exact_jacobian_norm(shape, grid, seed, method):
     C, h = shape
     torch.manual_seed(seed)
@@ -68,11 +73,15 @@ def test_probe_values_equal_exact_jacobian_norm(shape, grid, seed, method):
     radii = [0.5, 2.0, 6.0]
     r = attention_growth(layer, radii, grid=grid, restarts=4, steps=6, certify_method=method,
                          certify_steps=120, certify_top=1, device="cpu", seed=seed)
-    for R, L, X in zip(radii, r.lower, r.X):
+    for R, L, X, v in zip(radii, r.lower, r.X, r.v):
         assert float(X.norm()) <= R
-        exact = spectral(dense_jacobian(layer, X))  # SDPA forward, independent of the probe's math path
+        J = dense_jacobian(layer, X)  # SDPA forward, independent of the probe's math path
+        exact = spectral(J)
         assert L <= exact * (1 + 1e-12)
         assert abs(L - exact) <= 1e-9 * exact
+        # the certified number is ||J v|| / ||v|| for the returned v, recomputed here from the dense J
+        vv = v.reshape(-1).double()
+        assert L == pytest.approx(float((vv @ J).norm() / vv.norm()), rel=1e-12)
 
 
 def test_probe_on_pre_ln_block_equals_exact():
@@ -83,6 +92,140 @@ def test_probe_on_pre_ln_block_equals_exact():
     for L, X in zip(r.lower, r.X):
         exact = spectral(dense_jacobian(fmap, X))
         assert abs(L - exact) <= 1e-9 * exact
+
+
+# ------------------------------------------------------------------------------- tangent maps, certification
+
+def bumped(module, scale=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+@pytest.mark.parametrize("kind", ["attention", "mixer", "vector_field"])
+def test_analytic_tangent_map_equals_autograd(kind):
+    """The batched-matmul J V against the dense Jacobian of the module's own forward (SDPA, reverse mode)."""
+    torch.manual_seed(5)
+    if kind == "attention":
+        layer = bumped(DenseAttention(12, 3, dtype=torch.float64))
+    else:
+        layer = BlockMap(bumped(Block(12, 3, "attention", dtype=torch.float64)), kind)
+    H, W, C = 2, 3, 12
+    T = tangent_map(layer, (H, W), device="cpu")
+    X = torch.randn(3, H * W, C, dtype=torch.float64) * 3
+    V = torch.randn_like(X)
+    Y, JV = T(X, V)
+    for s in range(3):
+        y_ref = layer(X[s].reshape(1, H, W, C)).reshape(H * W, C)
+        jv_ref = (V[s].reshape(-1) @ dense_jacobian(layer, X[s].reshape(H, W, C))).reshape(H * W, C)
+        assert torch.allclose(Y[s], y_ref, rtol=1e-12, atol=1e-13)
+        assert torch.allclose(JV[s], jv_ref, rtol=1e-11, atol=1e-12 * float(jv_ref.abs().max()))
+
+
+@settings(deadline=None, max_examples=6)
+@given(st.integers(0, 2 ** 16), st.sampled_from([(1e-1, 2), (1e-3, 4), (1e-8, 200)]))
+def test_early_stopped_certificate_is_a_jacobian_norm_below_the_exact_one(seed, tol_steps):
+    """Lanczos stopped early: the value is still ||J v|| / ||v|| at the returned input, never above
+    ||J||_2 (jacrev + SVD here), and the reported residual is ||J^T J v - theta v|| / theta, theta = ||J v||^2."""
+    tol, steps = tol_steps
+    torch.manual_seed(seed)
+    layer = bumped(DenseAttention(8, 2, dtype=torch.float64), scale=1.0, seed=seed)
+    grid, radii = (2, 3), [1.0, 5.0]
+    r = attention_growth(layer, radii, grid=grid, restarts=2, steps=2, refine_rounds=0, certify_tol=tol,
+                         certify_steps=steps, certify_top=1, device="cpu", seed=seed)
+    f = lambda z: layer(z.reshape(1, 2, 3, 8)).reshape(-1)
+    for L, X, v, rel in zip(r.lower, r.X, r.v, r.tolerance):
+        J = torch.func.jacrev(f)(X.reshape(-1).double()).detach()  # (out, in), independent of the probe's tangent map
+        vv = v.reshape(-1).double()
+        Jv = J @ vv / vv.norm()
+        assert L == pytest.approx(float(Jv.norm()), rel=1e-12)
+        assert L <= float(torch.linalg.svdvals(J)[0]) * (1 + 1e-12)
+        theta = float(Jv @ Jv)
+        u = vv / vv.norm()
+        resid = float((J.T @ (J @ u) - theta * u).norm()) / theta
+        assert resid == pytest.approx(rel, rel=1e-6, abs=1e-13)
+        assert rel <= tol or steps < 48  # converged, or stopped by the step limit (n = 48: exact by then)
+
+
+def test_batched_and_per_radius_runs_are_identical():
+    torch.manual_seed(6)
+    layer = bumped(DenseAttention(16, 2, dtype=torch.float64), scale=0.5)
+    radii = [1.0, 4.0, 16.0, 64.0]
+    kw = dict(grid=(2, 3), restarts=5, steps=6, refine_rounds=2, refine_steps=4, certify_top=2, device="cpu",
+              seed=3)
+    a = attention_growth(layer, radii, batch_radii=True, **kw)
+    b = attention_growth(layer, radii, batch_radii=False, **kw)
+    assert a.attained == b.attained and a.lower == b.lower and a.tolerance == b.tolerance
+    assert torch.equal(a.X, b.X) and torch.equal(a.v, b.v)
+    # without refinement (the only coupling between radii) a radius alone gets the same starts and value
+    kw["refine_rounds"] = 0
+    c = attention_growth(layer, radii, **kw)
+    for i, R in enumerate(radii):
+        d = attention_growth(layer, [R], **kw)
+        assert d.attained[0] == c.attained[i]
+        assert torch.equal(d.X[0], c.X[i])
+
+
+class TokenAttention(torch.nn.Module):
+    """A hand-written timm-style attention on (B, N, C) tokens: fused qkv, explicit softmax."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, dtype=torch.float64)
+        self.proj = torch.nn.Linear(dim, dim, dtype=torch.float64)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(C // self.heads), dim=-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(B, N, C))
+
+
+class OnGrid(torch.nn.Module):  # the wrapper of lipcheck.probe's docstring
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x):
+        B, H, W, C = x.shape
+        return self.attn(x.reshape(B, H * W, C)).reshape(B, H, W, C)
+
+
+def test_probe_on_a_wrapped_foreign_module_agrees_with_dense_attention():
+    torch.manual_seed(7)
+    ours = bumped(DenseAttention(12, 3, dtype=torch.float64), scale=0.5)
+    foreign = TokenAttention(12, 3)
+    with torch.no_grad():
+        foreign.qkv.weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        foreign.qkv.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        foreign.proj.weight.copy_(ours.o_proj.weight)
+        foreign.proj.bias.copy_(ours.o_proj.bias)
+    radii = [0.5, 4.0, 32.0]
+    kw = dict(grid=(2, 2), restarts=4, steps=6, refine_rounds=1, certify_top=1, witnesses=False, device="cpu",
+              seed=1)
+    a = attention_growth(ours, radii, **kw)
+    b = attention_growth(OnGrid(foreign), radii, dim=12, **kw)
+    assert a.tangent.startswith("analytic") and b.tangent == "torch.func.jvp"
+    assert a.lower == pytest.approx(b.lower, rel=1e-9)
+    for L, X in zip(b.lower, b.X):  # and the foreign module's value is its own Jacobian's norm
+        J = dense_jacobian(OnGrid(foreign), X)
+        assert L == pytest.approx(spectral(J), rel=1e-9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_path_agrees_with_cpu():
+    """Same starts (drawn on the CPU), no ascent: the tangent map and Lanczos give the same certified values."""
+    torch.manual_seed(8)
+    layer = DenseAttention(16, 2, dtype=torch.float64)
+    kw = dict(grid=(2, 3), restarts=4, steps=0, power_warmup=0, refine_rounds=0, certify_top=1, seed=0,
+              certify_tol=1e-10, certify_steps=96)
+    a = attention_growth(layer, [1.0, 16.0], device="cpu", **kw)
+    b = attention_growth(layer, [1.0, 16.0], device="cuda", **kw)
+    assert b.device.startswith("cuda")
+    assert a.lower == pytest.approx(b.lower, rel=1e-9)
 
 
 # ------------------------------------------------------------------------------- must-show 3
@@ -191,6 +334,10 @@ def test_bad_inputs_raise_clear_errors():
         attention_growth(layer, [1.0], grid=(2, 2), restarts=0, device="cpu")
     with pytest.raises(ValueError, match="grid"):
         attention_growth(layer, [1.0], grid=(0, 2), device="cpu")
+    with pytest.raises(ValueError, match="certify_tol"):
+        attention_growth(layer, [1.0], grid=(2, 2), certify_tol=0.0, device="cpu")
+    with pytest.raises(ValueError, match="certify_steps"):
+        attention_growth(layer, [1.0], grid=(2, 2), certify_steps=0, device="cpu")
     bad = DenseAttention(8, 2)
     with torch.no_grad():
         bad.k_proj.weight[0, 0] = float("nan")
