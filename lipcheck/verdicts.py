@@ -145,6 +145,9 @@ def jacobian_lower_bound(module: nn.Module, states: torch.Tensor, *, iters: int 
     (B, H, W, C) for v from per-sample power iteration on J^T J. Any module mapping (B, H, W, C) -> (B, H, W, C)
     whose samples do not interact (true of every token mixer acting within one grid)."""
     f = _f64_copy(module)
+    for sub in f.modules():  # SDPA has no forward-mode derivative on CPU; the explicit softmax is the same map
+        if isinstance(sub, DenseAttention):
+            sub.backend = "math"
     x = states.detach().to(F64)
     if not bool(torch.isfinite(x).all()):
         raise ValueError("states contain NaN or inf; pass finite states")
