@@ -84,6 +84,12 @@ def ssog_exact(layer, H: int, W: int) -> tuple[float, str]:
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if any(a == "--checkpoint" or a.startswith("--checkpoint=") for a in argv):  # a trained model
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trained import probe_main  # experiments/trained.py
+        return probe_main(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer restarts and steps (CPU, under 3 minutes)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available, else cpu)")

@@ -426,6 +426,12 @@ def cfg_tols(sw):
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if any(a == "--checkpoint" or a.startswith("--checkpoint=") for a in argv):  # a trained model
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trained import wellposed_main  # experiments/trained.py
+        return wellposed_main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a reduced run (under a minute on a CPU)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model width preset (default tiny)")

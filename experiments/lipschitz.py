@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -306,6 +307,12 @@ def edges_markdown(rows, two, lies) -> list[str]:
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if any(a == "--checkpoint" or a.startswith("--checkpoint=") for a in argv):  # a trained model
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trained import certify_main  # experiments/trained.py
+        return certify_main(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller run (about 2 minutes on a CPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

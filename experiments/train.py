@@ -32,6 +32,7 @@ from lipcheck import report  # noqa: E402
 from lipcheck.models.vit import VARIANTS  # noqa: E402
 from lipcheck.mixers import MIXERS  # noqa: E402
 from lipcheck import train as T  # noqa: E402
+from lipcheck import verdicts  # noqa: E402
 
 # The paper (CIFAR-100, 224x224, widths 192/384/768, depth and recipe fixed): SSoG minus attention, top-1 points.
 PAPER = {"discrete": (2.2, 4.1), "ode": (2.2, 4.1), "looped": (5.4, 8.1)}
@@ -86,6 +87,10 @@ def parse(argv):
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-test", type=int, help="use only the first N test examples")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.add_argument("--monitor", action=argparse.BooleanOptionalAction, default=None,
+                   help="record each epoch the certified SSoG constants, the local vector-field constant along real "
+                        "trajectories, the adaptive NFE (ODE) and attention's L(R) (default: off for a single run, "
+                        "on for the first seed of the comparison)")
     p.add_argument("--json", help="also write the numbers to this path")
     p.add_argument("--docs", help="report directory (default the repository's docs/)")
     return p.parse_args(argv)
@@ -128,7 +133,8 @@ def single(args) -> int:
 
     res = T.run(preset, variant, mixer, data=args.data, data_dir=args.data_dir, cfg=cfg, out_dir=out,
                 resume=args.resume, device=args.device, dtype=dtype, progress=not args.no_progress,
-                limit_train=limit_train, limit_test=limit_test, on_epoch_end=log, **ode_overrides(args, variant))
+                limit_train=limit_train, limit_test=limit_test, on_epoch_end=log,
+                monitor=verdicts.Monitor() if args.monitor else None, **ode_overrides(args, variant))
     if res["rank"] == 0:
         payload = {k: v for k, v in res.items() if k != "model"}
         payload["config"] = dataclasses.asdict(cfg)
@@ -174,15 +180,19 @@ def compare(args) -> int:
         for v, m, s in tqdm(jobs, desc="matched comparison", disable=args.no_progress):
             cfg = dataclasses.replace(cfg0, seed=s)
             out = root / f"{v}-{m}-s{s}"
+            watch = args.monitor is not False and s == seeds[0]  # the constants of one seed per model
             res = T.run(preset, v, m, data="digits", cfg=cfg, out_dir=out,
                         resume=args.resume and (out / T.CHECKPOINT).exists(), device=args.device, dtype=dtype,
-                        progress=False, limit_train=limit_train, limit_test=limit_test, **ode_overrides(args, v))
+                        progress=False, limit_train=limit_train, limit_test=limit_test,
+                        monitor=verdicts.Monitor() if watch else None, **ode_overrides(args, v))
             model = res.pop("model")
             runs.append(dict(variant=v, mixer=m, seed=s, test_acc=res["test_acc"], test_loss=res["test_loss"],
                              params=res["params"], wall_s=res["wall_s"],
                              nfe_forward=res["history"][-1].get("nfe_forward"),
                              curve=[h["test_acc"] for h in res["history"]],
-                             train_loss=[h["train_loss"] for h in res["history"]]))
+                             train_loss=[h["train_loss"] for h in res["history"]],
+                             **({"monitor": [h.get("monitor") for h in res["history"]],
+                                 "monitor_s": sum(h.get("monitor_s", 0.0) for h in res["history"])} if watch else {})))
             tqdm.write(f"{v:8s} {m:9s} seed {s}: test acc {res['test_acc']:.4f}  {res['params']:,} params  "
                        f"{res['wall_s']:.1f}s") if not args.no_progress else None
             del model
@@ -341,6 +351,9 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
            f"{shared['s']:.1f}% / {shared['b']:.1f}%: {len(inside)} of 9 paper-size configurations fall inside the "
            f"paper's 8.8-16.6%. The paper's exact configurations (components per head, biases) are not known, so "
            "only the range is compared.", ""]
+    watched = [r for r in runs if r.get("monitor") and all(r["monitor"])]
+    if watched:
+        md += monitor_section(watched, variants)
     md += ["## Pipeline guarantees (checked by tests/test_train.py)", "",
            "- Resume is exact: a run interrupted after epoch 1 of 3 and resumed from its checkpoint ends with "
            "parameters, AdamW moments and logged metrics equal bit for bit to an uninterrupted run (CPU, "
@@ -357,7 +370,10 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
     md += ["## Figures", "", "![test accuracy per epoch](figures/training_curves.png)", "",
            "![final accuracy and parameters](figures/training_summary.png)", ""]
     md += ["## Regenerate", "", "```", "python experiments/train.py            # or: lipcheck train",
-           "python experiments/train.py --quick    # a two-minute smoke version", "```", ""]
+           "python experiments/train.py --quick    # a two-minute smoke version",
+           "python experiments/train.py --no-monitor   # without the per-epoch constants",
+           "python experiments/train.py --variant ode --mixer ssog --monitor --out runs/ode-ssog   # one monitored run",
+           "```", ""]
 
     # figures
     fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.5), squeeze=False,
@@ -397,6 +413,9 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
     a1.set_ylim(max(0, lo - 5), 100)
     report.save_figure(fig, "training_summary", st, args.docs)
 
+    if watched:
+        report.save_figure(monitor_figure(watched, variants, mixers, colors), "training_monitor", st, args.docs)
+
     data = {"quick": args.quick, "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f != "seed"},
             "model": model_cfg, "ode_solver": solver, "seeds": list(seeds), "threads": threads,
             "limit_train": limit_train, "limit_test": limit_test, "total_wall_s": total_wall, "elapsed_s": elapsed,
@@ -405,6 +424,90 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
     path = report.write_report("training", "\n".join(md), data, st, docs=args.docs, json_path=args.json)
     print(f"wrote {path}")
     return 0
+
+
+# ----------------------------------------------------------------------------------------- monitor
+def monitor_series(r: dict) -> dict:
+    """Per-epoch curves of one monitored run: the largest value over layers / blocks."""
+    mon = r["monitor"]
+    out = {"field_local": [max(m["field_local"]) for m in mon], "field_global": [max(m["field_global"]) for m in mon]}
+    if "ssog_upper" in mon[0]:
+        out["ssog_upper"] = [max(m["ssog_upper"]) for m in mon]
+    if "nfe" in mon[0]:
+        out["nfe"] = [m["nfe"] for m in mon]
+    if "attention_L" in mon[0]:
+        out["attention_radii"] = mon[0]["attention_radii"]
+        # per radius, the largest certified lower bound over the layers
+        out["attention_L"] = [[max(layer[k] for layer in m["attention_L"]) for k in range(len(m["attention_radii"]))]
+                              for m in mon]
+    return out
+
+
+def monitor_section(watched: list, variants) -> list:
+    seed = watched[0]["seed"]
+    m0 = verdicts.MONITOR_PROBE
+    md = ["## Constants during training (`--monitor`)", "",
+          f"Recorded after every epoch of the seed-{seed} run of each model (`lipcheck.verdicts.Monitor`; not part of "
+          "the wall times above): the certified upper bound on every SSoG layer's constant at the model's 4x4 grid "
+          "(`ssog_lipschitz` with the closed form, circulant embedding, Gram iteration and dense SVD; no Lanczos), the "
+          f"local vector-field constant Lip(Mixer) Lip_loc(LN1) + Lip(MLP) Lip_loc(LN2) at the states {verdicts.Monitor().n_images} "
+          "test images visit (ODE: the trajectory at 5 times; discrete/looped: every block's inputs), the NFE of an "
+          f"adaptive dopri5 solve at rtol = atol = {verdicts.MONITOR_TOL:g} (ODE), and for attention models certified "
+          f"lower bounds on L(R) at R = {', '.join(f'{r:g}' for r in verdicts.MONITOR_RADII)} (each layer alone, "
+          f"{m0['restarts']} restarts x {m0['steps']} steps: a cheap search, so a loose lower bound). Largest over "
+          "layers/blocks; first and last epoch:", ""]
+    rows = []
+    for r in watched:
+        c = monitor_series(r)
+        first_last = lambda xs: f"{xs[0]:.4g} -> {xs[-1]:.4g}"
+        rows.append([r["variant"], r["mixer"], first_last(c["ssog_upper"]) if "ssog_upper" in c else "-",
+                     first_last(c["field_local"]), first_last(c["field_global"]),
+                     first_last(c["nfe"]) if "nfe" in c else "-",
+                     first_last([x[-1] for x in c["attention_L"]]) if "attention_L" in c else "-",
+                     f"{r['monitor_s']:.0f}"])
+    md += [report.md_table(["variant", "mixer", "SSoG upper (max layer)", "F local", "F global", "NFE dopri5",
+                            f"attention L({verdicts.MONITOR_RADII[-1]:g}) lower", "monitor s"], rows), ""]
+    md += ["SSoG's number is a certified upper bound on a global constant; attention's is a certified lower bound on "
+           "its constant on a ball of radius R, which has no finite global value: the two columns answer different "
+           "questions, and only SSoG's can bound what training does to the model everywhere. The global field "
+           "constant carries LayerNorm's 1/sqrt(eps) and says little; the local one is the useful number.", "",
+           "![constants during training](figures/training_monitor.png)", ""]
+    return md
+
+
+def monitor_figure(watched: list, variants, mixers, colors):
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(3, len(variants), figsize=(4.2 * len(variants), 9), squeeze=False,
+                             constrained_layout=True)
+    for j, v in enumerate(variants):
+        a_mix, a_field, a_nfe = axes[0][j], axes[1][j], axes[2][j]
+        for r in (r for r in watched if r["variant"] == v):
+            c = monitor_series(r)
+            ep = list(range(1, len(c["field_local"]) + 1))
+            col = colors[r["mixer"]]
+            if "ssog_upper" in c:
+                a_mix.plot(ep, c["ssog_upper"], color=col, marker="o", ms=3, label="SSoG: certified upper")
+            if "attention_L" in c:
+                for k, R in enumerate(c["attention_radii"]):
+                    a_mix.plot(ep, [x[k] for x in c["attention_L"]], color=col, ls="--", marker="s", ms=3,
+                               alpha=0.4 + 0.6 * (k + 1) / len(c["attention_radii"]),
+                               label=f"attention: L({R:g}) lower")
+            a_field.plot(ep, c["field_local"], color=col, marker="o", ms=3, label=f"{r['mixer']}: local")
+            if "nfe" in c:
+                a_nfe.plot(ep, c["nfe"], color=col, marker="o", ms=3, label=r["mixer"])
+        a_mix.set_title(f"{v}: mixer constant (max over layers)")
+        a_field.set_title(f"{v}: vector field F, local constant")
+        for a in (a_mix, a_field):
+            a.set_yscale("log")
+        a_nfe.set_title(f"{v}: NFE, dopri5 at tol {verdicts.MONITOR_TOL:g}" if v == "ode" else f"{v}: (no ODE solve)")
+        for a in (a_mix, a_field, a_nfe):
+            a.set_xlabel("epoch")
+            a.grid(alpha=0.3)
+            if a.lines:
+                a.legend(fontsize=7)
+        if not a_nfe.lines:
+            a_nfe.axis("off")
+    return fig
 
 
 def main(argv=None) -> int:

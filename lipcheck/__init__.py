@@ -4,8 +4,15 @@ import importlib
 from .mixers import DenseAttention, SSoG
 from .models import IntegrationError, ViT, vit_from_preset
 
-__all__ = ["SSoG", "DenseAttention", "ViT", "vit_from_preset", "IntegrationError", "bounds", "probe", "wellposed"]
+__all__ = ["SSoG", "DenseAttention", "ViT", "vit_from_preset", "IntegrationError", "load", "bounds", "probe", "wellposed"]
 __version__ = "0.1.0"
+
+
+def load(path, *, device="cpu", dtype=None):
+    """The model of a checkpoint `lipcheck train` wrote (the file or its run directory), with its config and
+    data info: a `lipcheck.checkpoint.Checkpoint` (.model .variant .mixer .config .data .grid .initial_model())."""
+    from .checkpoint import load as _load
+    return _load(path, device=device, dtype=dtype)
 
 
 def __getattr__(name):  # lipcheck.bounds / .probe / .wellposed load on first use (they pull in more)

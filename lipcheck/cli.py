@@ -15,6 +15,7 @@ EXPERIMENTS = {
     "probe": ("attention_growth", "attention_growth"),
     "bench": ("throughput", "throughput"),
     "train": ("train", "training"),
+    "trained": ("trained", "trained"),  # the three verdicts on models `lipcheck train` wrote
 }
 
 

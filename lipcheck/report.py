@@ -157,6 +157,7 @@ REPORTS = {
                         "against SSoG's flat constant (S4).",
     "throughput": "Throughput and peak memory of SSoG vs dense attention up to 1024x1024, with multiply-add ratios.",
     "training": "Matched SSoG vs attention training on scikit-learn digits, beside the paper's CIFAR-100 numbers.",
+    "trained": "The three verdicts (S1-S5) on models trained by `lipcheck train`, beside the same architecture at init.",
     "assumptions": "Where lipcheck fixes what the paper leaves open, and where it departs from the spec.",
 }
 

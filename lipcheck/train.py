@@ -42,6 +42,11 @@ ODE_TRAIN_SOLVER = dict(method="rk4", options={"step_size": 0.5})
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
+# What a checkpoint holds beyond what resume needs: the model's architecture and configuration and the
+# data it was trained on, so that `lipcheck.load` rebuilds the model without the training options.
+# Bump FORMAT when the layout changes; a reader refuses formats newer than its own.
+FORMAT = 1
+ARCH = "lipcheck.ViT"
 
 
 class CheckpointError(RuntimeError):
@@ -252,6 +257,17 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return state
 
 
+def model_record(model: ViT, data: ImageData | None = None, resize: bool = False) -> dict:
+    """The architecture, ViT configuration and data description that `lipcheck.load` rebuilds from."""
+    rec = {"format": FORMAT, "arch": ARCH, "variant": model.variant, "mixer": model.mixer_name,
+           "model_config": dataclasses.asdict(model.config)}
+    if data is not None:
+        rec["data_info"] = {"name": data.name, "channels": data.channels, "size": list(data.size),
+                            "num_classes": data.num_classes, "mean": data.mean.tolist(), "std": data.std.tolist(),
+                            "resize": bool(resize)}
+    return rec
+
+
 def _write_metrics(path: Path, history: list[dict]) -> None:
     from .report import atomic_write
     atomic_write(path, "".join(json.dumps(h) + "\n" for h in history))
@@ -278,12 +294,15 @@ def evaluate(model: nn.Module, data: ImageData, info: DistInfo, *, batch_size: i
 
 def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainConfig, out_dir=None, *,
           resume: bool = False, spec: dict | None = None, info: DistInfo | None = None, dtype=torch.float32,
-          progress: bool = True, on_epoch_end=None) -> dict:
+          progress: bool = True, on_epoch_end=None, monitor=None) -> dict:
     """Train `model` (already on its device) for cfg.epochs; checkpoint and log to out_dir (rank 0).
 
     resume: continue from out_dir/checkpoint.pt (model, optimiser, scheduler, scaler, RNG states, epoch).
     spec: what identifies the run (preset, variant, ...); a resumed checkpoint must carry the same.
     on_epoch_end(epoch, record): called after each epoch's checkpoint, on every process.
+    monitor(model) -> dict: called after each epoch's evaluation on rank 0, stored as record["monitor"]
+    (so it is checkpointed and logged); the global RNG states are restored around it, so a monitored run
+    trains exactly as an unmonitored one.
     Returns {"history": [...per-epoch records...], "test_acc", "test_loss", "wall_s", "params"}.
     """
     from tqdm.auto import tqdm
@@ -390,13 +409,23 @@ def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainCon
                   "epoch_s": epoch_s, "wall_s": wall_before + epoch_s}
         if is_ode:
             record["nfe_forward"] = nfe
+        if monitor is not None and info.is_main:
+            states, t_mon = rng_states(), time.perf_counter()
+            was_training = model.training
+            try:
+                record["monitor"] = monitor(model)
+            finally:
+                set_rng_states(states)
+                model.train(was_training)
+            record["monitor_s"] = time.perf_counter() - t_mon
         wall_before = record["wall_s"]
         history.append(record)
         if info.is_main and out_dir is not None:
             save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                              "epoch": epoch + 1, "rng": rng_states(), "spec": spec, "history": history,
-                             "config": dataclasses.asdict(cfg)}, ckpt_path)
+                             "config": dataclasses.asdict(cfg), **model_record(model, train_data, cfg.resize)},
+                            ckpt_path)
             with open(out_dir / METRICS, "a") as f:  # after the checkpoint: a resume rewrites it from there
                 f.write(json.dumps(record) + "\n")
         if on_epoch_end is not None:
@@ -409,9 +438,12 @@ def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainCon
 
 def run(preset: str, variant: str, mixer: str, *, data: str = "digits", data_dir=None, cfg: TrainConfig,
         out_dir=None, resume: bool = False, device="cpu", dtype=torch.float32, progress: bool = True,
-        limit_train: int | None = None, limit_test: int | None = None, on_epoch_end=None,
+        limit_train: int | None = None, limit_test: int | None = None, on_epoch_end=None, monitor=None,
         **overrides) -> dict:
-    """Load data, build the model, train it; the one code path for single-process and torchrun runs."""
+    """Load data, build the model, train it; the one code path for single-process and torchrun runs.
+
+    monitor: None, or a callable (model, test_data) -> dict run after every epoch (see `train`), e.g.
+    `lipcheck.verdicts.Monitor`."""
     info = setup_distributed(device)
     try:
         train_data, test_data = load_dataset(data, data_dir)
@@ -423,7 +455,8 @@ def run(preset: str, variant: str, mixer: str, *, data: str = "digits", data_dir
                 "dtype": str(dtype), "overrides": {k: v for k, v in overrides.items()},
                 "limit_train": limit_train, "limit_test": limit_test}
         result = train(model, train_data, test_data, cfg, out_dir, resume=resume, spec=spec, info=info,
-                       dtype=dtype, progress=progress, on_epoch_end=on_epoch_end)
+                       dtype=dtype, progress=progress, on_epoch_end=on_epoch_end,
+                       monitor=None if monitor is None else (lambda m: monitor(m, test_data)))
         result.update(spec=spec, world_size=info.world_size, rank=info.rank, model=model)
         return result
     finally:
