@@ -160,7 +160,7 @@ def check_representable(mu: torch.Tensor, sigma: torch.Tensor, dtype: torch.dtyp
     if bool(bad.any()):
         i = int(torch.nonzero(bad.reshape(-1))[0])
         s_bad = float(sig_d.reshape(-1)[i])
-        m_bad = float(mu_d.expand_as(sig_d).reshape(-1)[i]) if mu_d.numel() > 1 else float(mu_d.reshape(-1)[0])
+        m_bad = float(torch.broadcast_to(mu_d, sig_d.shape).reshape(-1)[i])
         raise ValueError(f"{name} not representable in {dtype}: sigma = {s_bad:.4g} (mu = {m_bad:.4g}) makes "
                          f"2 sigma^2 or the exponents -(k - mu)^2 / (2 sigma^2) leave {dtype}'s range; {fix}")
 

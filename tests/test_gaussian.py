@@ -164,3 +164,46 @@ def test_symbol_within_its_error_bound(mu, sigma, w):
     bound = float(spectral.symbol_error(p)[0, 0, 0])
     assert abs(v - complex(ref)) <= bound, (v, complex(ref), bound)
     assert abs(v) <= 1 + bound
+
+
+def test_unit_roundoff_and_gamma_n():
+    """u = 2^-53 / 2^-24; gamma_n = n u / (1 - n u), infinite once n u >= 1 (Higham, Lemma 3.1)."""
+    assert gaussian.unit_roundoff(torch.float64) == 2.0 ** -53
+    assert gaussian.unit_roundoff(torch.float32) == 2.0 ** -24
+    u = 2.0 ** -24
+    for n in (1, 7, 1000, 2 ** 22):
+        assert gaussian.gamma(n, torch.float32) == n * u / (1 - n * u)
+    assert gaussian.gamma(2 ** 23, torch.float32) == 1.0  # n u = 1/2
+    assert gaussian.gamma(2 ** 24, torch.float32) == math.inf  # n u = 1
+    assert gaussian.gamma(3 * 2 ** 23, torch.float32) == math.inf  # n u = 3/2
+    assert gaussian.gamma(2 ** 25, torch.float32) == math.inf
+
+
+def test_refusal_names_the_offending_component_and_the_fix():
+    mu = torch.tensor([[0.0, 0.5, -2.25]])
+    sigma = torch.tensor([[1.0, 0.0105, 2.0]])
+    with pytest.raises(ValueError, match=r"sigma = 0\.0105 \(mu = 0\.5\).*float32 or float64"):
+        gaussian.check_representable(mu, sigma, torch.float16)
+    with pytest.raises(ValueError, match=r"sigma = 1e-20 \(mu = -2\.25\).*use float64"):
+        gaussian.check_representable(mu, torch.tensor([[1.0, 0.5, 1e-20]]), torch.float32)
+    with pytest.raises(ValueError, match=r"^SSoG kernel not representable"):
+        gaussian.check_representable(0.5, torch.tensor(0.0105), torch.float16, name="SSoG kernel")
+    with pytest.raises(ValueError, match="must be finite"):
+        gaussian.check_representable(mu, torch.tensor([[1.0, float("nan"), 1.0]]), torch.float32)
+    with pytest.raises(ValueError, match="> 0"):
+        gaussian.check_representable(mu, torch.tensor([[1.0, -1.0, 1.0]]), torch.float32)
+
+
+def test_batched_symbol_and_kernel_match_their_scalar_values():
+    """Broadcasting over a batch of (omega, mu, sigma) gives each element's own value (no mixing across the batch)."""
+    mu = torch.tensor([0.3, -2.5, 7.49, 0.5], dtype=torch.float64)
+    sigma = torch.tensor([0.2, 3.0, 0.011, 0.7], dtype=torch.float64)
+    w = torch.tensor([0.4, -1.1, 2.9, math.pi], dtype=torch.float64)
+    batch = gaussian.symbol(w, mu, sigma)
+    k = torch.tensor([0.0, -3.0, 7.0, 1.0], dtype=torch.float64)
+    gb = gaussian.kernel(k, mu, sigma)
+    for i in range(4):
+        assert complex(batch[i]) == complex(gaussian.symbol(w[i], mu[i], sigma[i]))
+        assert float(gb[i]) == pytest.approx(float(mp_g(float(k[i]), float(mu[i]), float(sigma[i]))), rel=1e-12)
+    assert gaussian.kernel(torch.tensor(1.0, dtype=torch.float32), torch.tensor(0.2, dtype=torch.float32),
+                           torch.tensor(0.7, dtype=torch.float32)).dtype == torch.float32
