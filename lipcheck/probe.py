@@ -51,8 +51,10 @@ Certification. Every reported value is ||J(X) v|| / ||v|| re-evaluated in float6
 hence a certified lower bound on L(R) whatever the search or the eigensolver did. v is the top Ritz
 vector of Lanczos on J^T J (full reorthogonalisation, float64), started from the search's own vector
 and stopped once the relative residual ||J^T J y - theta y|| / theta of the top Ritz pair is <= the
-stated tolerance (`certify_tol`, or after `certify_steps`); the residual reached is reported. Since
-the balls are nested, L is nondecreasing in R: `lower` is the running maximum of the per-radius values
+stated tolerance (`certify_tol`, or after `certify_steps`); the residual reached is reported. The
+float64 evaluation of ||J v|| is not enclosed in intervals: the number may exceed the exact ||J(X) v||
+by its rounding error, of order 1e-16 times the depth of the computation (relative). Since the balls
+are nested, L is nondecreasing in R: `lower` is the running maximum of the per-radius values
 `attained` (a smaller radius's input lies in every larger ball).
 
 Witness (Kim, Papamakarios and Mnih 2021). A query token whose logits are all equal (at 0 for a
