@@ -248,7 +248,6 @@ class Monitor:
         self.probe = dict(MONITOR_PROBE if probe is None else probe)
 
     def images(self, data) -> torch.Tensor:
-        from .train import prepare
         x, _ = data.batch(torch.arange(min(self.n_images, len(data))), dtype=F64)
         return x
 
