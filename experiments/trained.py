@@ -79,7 +79,8 @@ def summarise_certificate(res) -> dict:
             "proven": None, "status": status,
             "bound_holds": status == "holds",
             "reason": "not a proof: a bound from the solve's own defect (quadrature with a safety margin, not "
-                      "interval-rigorous between samples), checked against a converged reference", "t": res["t"], "bound": res["bound"],
+                      "interval-rigorous between samples), checked against a converged reference",
+            "t": res["t"], "bound": res["bound"],
             "actual": res["actual"]}
 
 
@@ -289,7 +290,8 @@ def analyse(path, cfg: dict, *, progress: bool) -> dict:
     x = C.images(ckpt, n=cfg["images"])
     hist = ckpt.history[-1] if ckpt.history else {}
     out = {"checkpoint": str(ckpt.path), "variant": ckpt.variant, "mixer": ckpt.mixer, "epoch": ckpt.epoch,
-           "test_acc": hist.get("test_acc"), "train_wall_s": hist.get("wall_s"), "config": ckpt.config, "grid": list(ckpt.grid), "seconds": {}}
+           "test_acc": hist.get("test_acc"), "train_wall_s": hist.get("wall_s"), "config": ckpt.config,
+           "grid": list(ckpt.grid), "seconds": {}}
     for state, model in (("trained", ckpt.model), ("init", ckpt.initial_model())):
         res = {}
         t = time.perf_counter()

@@ -20,7 +20,6 @@ visited state; the global one bounds it everywhere.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
