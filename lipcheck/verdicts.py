@@ -20,7 +20,6 @@ visited state; the global one bounds it everywhere.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
@@ -248,7 +247,6 @@ class Monitor:
         self.probe = dict(MONITOR_PROBE if probe is None else probe)
 
     def images(self, data) -> torch.Tensor:
-        from .train import prepare
         x, _ = data.batch(torch.arange(min(self.n_images, len(data))), dtype=F64)
         return x
 

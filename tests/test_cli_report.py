@@ -37,6 +37,17 @@ def test_unknown_command_is_an_error(capsys):
     assert "unknown command" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["certify", "wellposed", "probe"])
+def test_checkpoint_option_of_each_verdict_reaches_the_trained_model_path(tmp_path, capsys, command):
+    """`lipcheck <verdict> --checkpoint` goes through the command line to the checkpoint loader: a missing
+    file is one line naming the fix, exit status 2, and the --json target is not written."""
+    target = tmp_path / "numbers.json"
+    assert cli.main([command, "--checkpoint", str(tmp_path / "missing.pt"), "--json", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lipcheck {command}: error: no checkpoint at") and "lipcheck train --out" in err
+    assert len(err.splitlines()) == 1 and not target.exists()
+
+
 def test_report_is_stamped_atomic_and_indexed(tmp_path):
     st = report.stamp(command="lipcheck test")
     assert set(st) >= {"command", "commit", "torch", "device", "date"}

@@ -330,6 +330,10 @@ def test_compare_script_writes_a_consistent_report(tmp_path):
     assert presets["ti", "discrete"]["saved"] == depth * (2 * C * C + 2 * C + C - 5 * h * M)
     md = (tmp_path / "training.md").read_text()
     assert "8.8-16.6%" in md and (tmp_path / "figures" / "training_curves.png").exists()
+    # the first seed is monitored: one record per epoch, SSoG bounds for every SSoG layer, L(R) for attention
+    assert len(runs["ssog"]["monitor"]) == 1 and len(runs["ssog"]["monitor"][0]["ssog_upper"]) == 4
+    assert len(runs["attention"]["monitor"][0]["attention_L"]) == 4 and "ssog_upper" not in runs["attention"]["monitor"][0]
+    assert "Constants during training" in md and (tmp_path / "figures" / "training_monitor.png").exists()
 
 
 def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
