@@ -132,8 +132,9 @@ def attention_lipschitz_terms(layer: DenseAttention, token_radius: float, num_to
     sN = math.sqrt(N)
     h = layer.num_heads
     value = sum(sN * b for b in nB)
-    key_cov = sum(rho * rho * a * b / sd for a, b in zip(nA, nB))
-    query_side = sum(sN * rho * (rho * a + c) * b / sd for a, b, c in zip(nA, nB, nc))
+    # b / sd first: no intermediate exceeds the result by more than a factor 1 (no spurious overflow)
+    key_cov = sum(rho * (rho * a) * (b / sd) for a, b in zip(nA, nB))
+    query_side = sum(sN * rho * (rho * a + c) * (b / sd) for a, b, c in zip(nA, nB, nc))
     return {"value": _round_up(value, h, "value-path"), "key_covariance": _round_up(key_cov, h, "key-covariance"),
             "query_side": _round_up(query_side, h, "query-side")}
 
@@ -190,7 +191,7 @@ def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, 
     R, N = _check_args(radius, num_tokens, name="radius")
     nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
     sN = math.sqrt(N)
-    total = sum(b * (sN + R * R * a / sd + R * (R * a + sN * c) / sd) for a, b, c in zip(nA, nB, nc))
+    total = sum(b * (sN + R * (R * a) / sd + R * (R * a + sN * c) / sd) for a, b, c in zip(nA, nB, nc))
     return _round_up(total, layer.num_heads, "Frobenius-ball attention")
 
 
