@@ -372,7 +372,7 @@ def test_bad_radius_refuses(rho):
     layer = DenseAttention(4, 2, dtype=F64)
     with pytest.raises(ValueError, match="token_radius"):
         ab.attention_lipschitz_on_ball(layer, rho, 4)
-    with pytest.raises(ValueError, match="radius"):
+    with pytest.raises(ValueError, match="^radius must be finite"):
         ab.attention_lipschitz_on_frobenius_ball(layer, rho, 4)
 
 
@@ -389,14 +389,49 @@ def test_bad_arguments_refuse():
         ab.attention_lipschitz_on_ball(layer, 1.0, 4, dtype=torch.float16)
 
 
-def test_overflowing_bound_refuses_instead_of_inf():
-    """Weights whose products overflow the dtype: not certified (ValueError), never inf or nan."""
+@pytest.mark.parametrize("names,scale,message", [
+    (("q_proj.weight", "k_proj.weight"), 1e200, r"\|\|A_h\|\| overflows .*the q_proj/k_proj weights"),
+    (("v_proj.weight", "o_proj.weight"), 1e200, r"\|\|B_h\|\| overflows .*the v_proj/o_proj weights"),
+    (("q_proj.bias",), 1e300, r"\|\|c_h\|\| overflows .*the q_proj.bias/k_proj weights")])
+def test_overflowing_bound_refuses_instead_of_inf(names, scale, message):
+    """Weights whose products overflow the dtype: not certified (ValueError naming the weights), never inf or nan."""
+    torch.manual_seed(0)
     layer = DenseAttention(4, 1, dtype=F64)
     with torch.no_grad():
-        layer.q_proj.weight.fill_(1e200)
-        layer.k_proj.weight.fill_(1e200)
-    with pytest.raises(ValueError, match="overflow"):
+        for n in names:
+            layer.get_parameter(n).mul_(scale)
+        if names == ("q_proj.bias",):
+            layer.k_proj.weight.mul_(1e10)
+    with pytest.raises(ValueError, match=message):
         ab.attention_lipschitz_on_ball(layer, 1.0, 4)
+
+
+def test_unit_roundoff_and_gamma():
+    assert ab.unit_roundoff(torch.float64) == 2.0 ** -53 and ab.unit_roundoff(torch.float32) == 2.0 ** -24
+    for dt in (torch.float16, torch.bfloat16, torch.int32):
+        with pytest.raises(ValueError, match="dtype"):
+            ab.unit_roundoff(dt)
+    from fractions import Fraction as Fr
+    u = 2.0 ** -24
+    for n in (1, 7, 1000):
+        exact = Fr(n) * Fr(u) / (1 - Fr(n) * Fr(u))
+        assert abs(Fr(ab.gamma(n, u)) - exact) <= exact * Fr(2.0 ** -50)
+    with pytest.raises(ValueError, match="n u"):
+        ab.gamma(2 ** 24, u)
+
+
+def test_layers_without_biases():
+    """nn.Linear(bias=False) projections: zero biases in head_matrices, and the bound still dominates Jacobians."""
+    torch.manual_seed(9)
+    layer = DenseAttention(4, 2, dtype=F64)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        getattr(layer, name).bias = None
+    m = ab.head_matrices(layer)
+    assert float(m["c"].abs().max()) == 0.0 and m["bO"].shape == (4,) and float(m["bO"].abs().max()) == 0.0
+    assert m["bV"].shape == (2, 2) and m["bQ"].shape == (2, 2) and m["bK"].shape == (2, 2)
+    X = torch.randn(1, 2, 3, 4, dtype=F64)
+    X = X / X.norm(dim=-1, keepdim=True) * 3.0
+    assert jac_norm(layer, X[0]) <= ab.attention_lipschitz_on_ball(layer, 3.0, 6)
 
 
 def test_float32_bound_is_rounded_up_from_float32_arithmetic():
