@@ -480,8 +480,9 @@ def _mp_exact_factors(layer):
 
 
 def _near_cancelling_layer(seed, C=4, h=2, delta=1e-6):
-    """W_K^h = W_Q^h R + delta noise with R a rotation by 90 degrees in each coordinate pair: A_h = W_Q R^T W_Q^T
-    + O(delta) is tiny next to ||W_Q|| ||W_K||, so the rounding of the product dominates ||A_h_hat - A_h||."""
+    """Heads whose products cancel: W_K^h = -(W_Q^h with its two rows swapped) + delta noise, so A_h = O(delta)
+    + a skew part, and B_h = O(delta) (equal value rows, opposite output columns): the rounding of the products is
+    then as large as the rounded quantity in float32, and only the gamma_{d+4} margins cover it."""
     g = torch.Generator().manual_seed(seed)
     layer = DenseAttention(C, h, dtype=F64)
     d = C // h
@@ -496,6 +497,15 @@ def _near_cancelling_layer(seed, C=4, h=2, delta=1e-6):
         Wk = Wk + delta * torch.randn(C, C, generator=g, dtype=F64)
         layer.k_proj.weight.copy_(Wk)
         layer.q_proj.bias.copy_(torch.randn(C, generator=g, dtype=F64))
+        # B_h = sum_r Wv[r]^T Wo[:, r]^T: equal value rows and opposite output columns (plus delta) cancel too
+        Wv = torch.randn(C, C, generator=g, dtype=F64) * 3
+        Wo = torch.randn(C, C, generator=g, dtype=F64) * 3
+        for i in range(h):
+            r = list(range(i * d, (i + 1) * d))
+            Wv[r[1:]] = Wv[r[0]].clone()
+            Wo[:, r[1]] = -Wo[:, r[0]].clone() + delta * torch.randn(C, generator=g, dtype=F64)
+        layer.v_proj.weight.copy_(Wv)
+        layer.o_proj.weight.copy_(Wo)
     return layer
 
 
