@@ -315,4 +315,6 @@ def test_attention_block_radius_is_the_layernorm_image():
     # 2-D states (tokens, C) fix no grid: attention then asks for states with a grid
     with pytest.raises(ValueError, match="number of tokens"):
         network.vector_field_lipschitz(blk, x.reshape(4, 4))
+    with pytest.raises(ValueError, match="number of tokens"):  # no states at all: no grid either
+        network.vector_field_lipschitz(blk)
     assert network.min_token_variance(x.reshape(4, 4)) == float(x.reshape(4, 4).var(dim=-1, unbiased=False).min())
