@@ -257,6 +257,9 @@ def write(runs: dict, args, st: dict) -> None:
                           [[x["group"], x["module"], x["generated"], x["mutants"], x["killed"], x["timeout"],
                             x["surviving"], x["explained"],
                             f"{100 * x['kill_rate']:.1f}%" if x["kill_rate"] is not None else "-"] for x in summary]),
+          "", ("Not in this report (run `python experiments/mutation.py --modules NAME --update` to add them): "
+               + ", ".join(f"`{g}` ({', '.join(GROUPS[g][0])})" for g in GROUPS if g not in runs) + "."
+               if any(g not in runs for g in GROUPS) else "All module groups are in this report."),
           "", "## Surviving mutants", "",
           "A reason is one of: *equivalent* (no input tells the mutant from the code), *loosens* (the mutant "
           "returns a larger, still true bound or margin: a test of a true bound cannot fail on it; a tightness "
