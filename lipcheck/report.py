@@ -158,6 +158,8 @@ REPORTS = {
     "throughput": "Throughput and peak memory of SSoG vs dense attention up to 1024x1024, with multiply-add ratios.",
     "training": "Matched SSoG vs attention training on scikit-learn digits, beside the paper's CIFAR-100 numbers.",
     "trained": "The three verdicts (S1-S5) on models trained by `lipcheck train`, beside the same architecture at init.",
+    "mutation": "Mutation testing of the certified code: mutants per module, the share the tests detect, and why "
+                "each survivor survives.",
     "assumptions": "Where lipcheck fixes what the paper leaves open, and where it departs from the spec.",
 }
 

@@ -372,7 +372,7 @@ def test_bad_radius_refuses(rho):
     layer = DenseAttention(4, 2, dtype=F64)
     with pytest.raises(ValueError, match="token_radius"):
         ab.attention_lipschitz_on_ball(layer, rho, 4)
-    with pytest.raises(ValueError, match="radius"):
+    with pytest.raises(ValueError, match="^radius must be finite"):
         ab.attention_lipschitz_on_frobenius_ball(layer, rho, 4)
 
 
@@ -389,14 +389,49 @@ def test_bad_arguments_refuse():
         ab.attention_lipschitz_on_ball(layer, 1.0, 4, dtype=torch.float16)
 
 
-def test_overflowing_bound_refuses_instead_of_inf():
-    """Weights whose products overflow the dtype: not certified (ValueError), never inf or nan."""
+@pytest.mark.parametrize("names,scale,message", [
+    (("q_proj.weight", "k_proj.weight"), 1e200, r"\|\|A_h\|\| overflows .*the q_proj/k_proj weights"),
+    (("v_proj.weight", "o_proj.weight"), 1e200, r"\|\|B_h\|\| overflows .*the v_proj/o_proj weights"),
+    (("q_proj.bias",), 1e300, r"\|\|c_h\|\| overflows .*the q_proj.bias/k_proj weights")])
+def test_overflowing_bound_refuses_instead_of_inf(names, scale, message):
+    """Weights whose products overflow the dtype: not certified (ValueError naming the weights), never inf or nan."""
+    torch.manual_seed(0)
     layer = DenseAttention(4, 1, dtype=F64)
     with torch.no_grad():
-        layer.q_proj.weight.fill_(1e200)
-        layer.k_proj.weight.fill_(1e200)
-    with pytest.raises(ValueError, match="overflow"):
+        for n in names:
+            layer.get_parameter(n).mul_(scale)
+        if names == ("q_proj.bias",):
+            layer.k_proj.weight.mul_(1e10)
+    with pytest.raises(ValueError, match=message):
         ab.attention_lipschitz_on_ball(layer, 1.0, 4)
+
+
+def test_unit_roundoff_and_gamma():
+    assert ab.unit_roundoff(torch.float64) == 2.0 ** -53 and ab.unit_roundoff(torch.float32) == 2.0 ** -24
+    for dt in (torch.float16, torch.bfloat16, torch.int32):
+        with pytest.raises(ValueError, match="dtype"):
+            ab.unit_roundoff(dt)
+    from fractions import Fraction as Fr
+    u = 2.0 ** -24
+    for n in (1, 7, 1000):
+        exact = Fr(n) * Fr(u) / (1 - Fr(n) * Fr(u))
+        assert abs(Fr(ab.gamma(n, u)) - exact) <= exact * Fr(2.0 ** -50)
+    with pytest.raises(ValueError, match="n u"):
+        ab.gamma(2 ** 24, u)
+
+
+def test_layers_without_biases():
+    """nn.Linear(bias=False) projections: zero biases in head_matrices, and the bound still dominates Jacobians."""
+    torch.manual_seed(9)
+    layer = DenseAttention(4, 2, dtype=F64)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        getattr(layer, name).bias = None
+    m = ab.head_matrices(layer)
+    assert float(m["c"].abs().max()) == 0.0 and m["bO"].shape == (4,) and float(m["bO"].abs().max()) == 0.0
+    assert m["bV"].shape == (2, 2) and m["bQ"].shape == (2, 2) and m["bK"].shape == (2, 2)
+    X = torch.randn(1, 2, 3, 4, dtype=F64)
+    X = X / X.norm(dim=-1, keepdim=True) * 3.0
+    assert jac_norm(layer, X[0]) <= ab.attention_lipschitz_on_ball(layer, 3.0, 6)
 
 
 def test_float32_bound_is_rounded_up_from_float32_arithmetic():
@@ -407,3 +442,165 @@ def test_float32_bound_is_rounded_up_from_float32_arithmetic():
         ref = sum(reference_terms(layer, rho, 9).values())
         got32 = ab.attention_lipschitz_on_ball(layer, rho, 9, dtype=torch.float32)
         assert ref <= got32 <= ref * (1 + 1e-3)
+
+
+# ------------------------------------------------------------------------------- rounding, against exact arithmetic
+
+def _mp_norm2(M, dps=40):
+    """||M||_2 of a float64 matrix in mpmath at `dps` digits (the entries are exact binary floats)."""
+    import mpmath
+    with mpmath.workdps(dps):
+        S = mpmath.svd_r(mpmath.matrix(M.tolist()), compute_uv=False)
+        return max(S)
+
+
+def _mp_exact_factors(layer):
+    """Per head ||A_h||, ||B_h||, ||c_h|| from the float64 weights, products and norms in 40-digit arithmetic."""
+    import mpmath
+    mpmath.mp.dps = 40
+    h, C, d = layer.num_heads, layer.dim, layer.head_dim
+    Wq, Wk, Wv, Wo = (mpmath.matrix(getattr(layer, n).weight.detach().to(F64).tolist())
+                      for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    bq = layer.q_proj.bias.detach().to(F64).tolist()
+    out = []
+    for i in range(h):
+        rows = range(i * d, (i + 1) * d)
+        A = mpmath.matrix(C, C)
+        Bm = mpmath.matrix(C, C)
+        c = [mpmath.mpf(0)] * C
+        for a in range(C):
+            for b in range(C):
+                A[a, b] = mpmath.fsum(Wq[r, a] * Wk[r, b] for r in rows)
+                Bm[a, b] = mpmath.fsum(Wv[r, a] * Wo[b, r] for r in rows)
+            c[a] = mpmath.fsum(Wk[r, a] * bq[r] for r in rows)
+        nA = max(mpmath.svd_r(A, compute_uv=False))
+        nB = max(mpmath.svd_r(Bm, compute_uv=False))
+        out.append((nA, nB, mpmath.sqrt(mpmath.fsum(x * x for x in c))))
+    return out
+
+
+def _near_cancelling_layer(seed, C=4, h=2, delta=1e-6):
+    """Heads whose products cancel: W_K^h = -(W_Q^h with its two rows swapped) + delta noise, so A_h = O(delta)
+    + a skew part, and B_h = O(delta) (equal value rows, opposite output columns): the rounding of the products is
+    then as large as the rounded quantity in float32, and only the gamma_{d+4} margins cover it."""
+    g = torch.Generator().manual_seed(seed)
+    layer = DenseAttention(C, h, dtype=F64)
+    d = C // h
+    with torch.no_grad():
+        Wq = torch.randn(C, C, generator=g, dtype=F64) / 3
+        layer.q_proj.weight.copy_(Wq)
+        # x A x'^T = (x Wq^T)_h (x' Wk^T)_h: choose Wk rows so that each head's Wq_h^T Wk_h nearly cancels
+        Wk = Wq.clone()
+        for i in range(h):
+            r = slice(i * d, (i + 1) * d)
+            Wk[r] = -Wq[r].flip(0) if d == 2 else Wq[r]
+        Wk = Wk + delta * torch.randn(C, C, generator=g, dtype=F64)
+        layer.k_proj.weight.copy_(Wk)
+        layer.q_proj.bias.copy_(torch.randn(C, generator=g, dtype=F64))
+        # B_h = sum_r Wv[r]^T Wo[:, r]^T: equal value rows and opposite output columns (plus delta) cancel too
+        Wv = torch.randn(C, C, generator=g, dtype=F64) * 3
+        Wo = torch.randn(C, C, generator=g, dtype=F64) * 3
+        for i in range(h):
+            r = list(range(i * d, (i + 1) * d))
+            Wv[r[1:]] = Wv[r[0]].clone()
+            Wo[:, r[1]] = -Wo[:, r[0]].clone() + delta * torch.randn(C, generator=g, dtype=F64)
+        layer.v_proj.weight.copy_(Wv)
+        layer.o_proj.weight.copy_(Wo)
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_head_norm_bounds_dominate_exact_norms(dtype):
+    """_head_norms' upper bounds >= the 40-digit norms of the exact products, also when the products cancel
+    (float32: the rounding of W_Q W_K^T is then as large as A itself, and only the gamma_d margin covers it)."""
+    for seed in range(6):
+        for layer in (_near_cancelling_layer(seed), _near_cancelling_layer(seed, delta=1e-3), DenseAttention(4, 2, dtype=F64)):
+            nA, nB, nc, sd = ab._head_norms(layer, dtype=dtype)
+            for (eA, eB, ec), a, b, c in zip(_mp_exact_factors(layer), nA, nB, nc):
+                assert a >= eA and b >= eB and c >= ec, (seed, dtype, a, float(eA), b, float(eB), c, float(ec))
+                # and not vacuous: within a few gamma of the exact values plus the product error
+                assert a <= float(eA) * (1 + 1e-3) + 1e-4 and b <= float(eB) * (1 + 1e-3) + 1e-4
+            assert sd == math.sqrt(2)
+
+
+def test_assembly_is_rounded_up_from_the_head_norms():
+    """The bound is >= the formula evaluated in exact rational arithmetic on the (already rounded-up) per-head
+    norms: the float64 roundings of the assembly are covered."""
+    from fractions import Fraction as Fr
+    import mpmath
+    for seed in range(8):
+        torch.manual_seed(seed)
+        layer = DenseAttention(6, 3, dtype=F64)
+        for rho, N in ((0.7, 5), (13.0, 49), (1e-3, 2)):
+            nA, nB, nc, sd = ab._head_norms(layer)
+            with mpmath.workdps(50):
+                sN, sdd = mpmath.sqrt(N), mpmath.sqrt(3)
+                terms = [sN * b + rho * rho * a * b / sdd + sN * rho * (rho * a + c) * b / sdd
+                         for a, b, c in zip(map(Fr, nA), map(Fr, nB), map(Fr, nc))]
+                exact = mpmath.fsum(mpmath.mpf(t.numerator) / t.denominator if isinstance(t, Fr) else t for t in terms)
+                got = ab.attention_lipschitz_on_ball(layer, rho, N)
+                assert mpmath.mpf(got) >= exact, (seed, rho, N)
+                R = rho
+                frob = mpmath.fsum(b * (sN + R * R * a / sdd + R * (R * a + sN * c) / sdd)
+                                   for a, b, c in zip(nA, nB, nc))
+                assert mpmath.mpf(ab.attention_lipschitz_on_frobenius_ball(layer, R, N)) >= frob
+                t = ab.attention_lipschitz_terms(layer, rho, N)
+                kc = mpmath.fsum(rho * rho * a * b / sdd for a, b in zip(nA, nB))
+                assert mpmath.mpf(t["key_covariance"]) >= kc
+                assert mpmath.mpf(t["value"]) >= mpmath.fsum(sN * b for b in nB)
+
+
+def test_layernorm_constants_dominate_high_precision_values():
+    import mpmath
+    for seed in range(12):
+        torch.manual_seed(seed)
+        C = 3 + seed
+        norm = torch.nn.LayerNorm(C, eps=10.0 ** -(seed % 7 + 1), dtype=F64)
+        with torch.no_grad():
+            norm.weight.uniform_(-3, 3)
+            norm.bias.uniform_(-2, 2)
+        with mpmath.workdps(40):
+            gmax = mpmath.mpf(float(norm.weight.abs().max()))
+            rad = mpmath.sqrt(C) * gmax + mpmath.sqrt(mpmath.fsum(mpmath.mpf(x) ** 2 for x in norm.bias.tolist()))
+            lip = gmax / mpmath.sqrt(mpmath.mpf(norm.eps))
+            assert mpmath.mpf(ab.layernorm_image_radius(norm)) >= rad
+            assert mpmath.mpf(ab.layernorm_lipschitz(norm)) >= lip
+
+
+def test_block_bounds_are_rounded_up_from_their_parts():
+    from fractions import Fraction as Fr
+    for seed in range(6):
+        blk = _block(seed)
+        b = ab.attention_block_lipschitz(blk, 4)
+        assert Fr(b["mixer_branch"]) >= Fr(b["attention_on_ln_image"]) * Fr(b["lip_ln1"])
+        assert Fr(b["mlp_branch"]) >= Fr(b["lip_mlp"]) * Fr(b["lip_ln2"])
+        assert Fr(b["vector_field"]) >= Fr(b["mixer_branch"]) + Fr(b["mlp_branch"])
+        assert Fr(b["block_update"]) >= (1 + Fr(b["mixer_branch"])) * (1 + Fr(b["mlp_branch"]))
+
+
+def test_block_with_an_identity_second_norm_uses_lip_one():
+    blk = _block(2)
+    blk.norm2 = torch.nn.Identity()
+    b = ab.attention_block_lipschitz(blk, 4)
+    assert b["lip_ln2"] == 1.0
+    assert b["lip_mlp"] <= b["mlp_branch"] <= b["lip_mlp"] * (1 + 1e-12)
+
+
+def test_overflow_messages_name_the_term():
+    torch.manual_seed(0)
+    layer = DenseAttention(4, 1, dtype=F64)
+    with pytest.raises(ValueError, match="the key-covariance bound overflows"):
+        ab.attention_lipschitz_on_ball(layer, 1e160, 4)
+    kc1 = ab.attention_lipschitz_terms(layer, 1.0, 4)["key_covariance"]
+    with pytest.raises(ValueError, match="the query-side bound overflows"):  # key term finite, sqrt(N) x it not
+        ab.attention_lipschitz_terms(layer, math.sqrt(1e306) / math.sqrt(kc1), 10 ** 6)
+    with pytest.raises(ValueError, match="the Frobenius-ball attention bound overflows"):
+        ab.attention_lipschitz_on_frobenius_ball(layer, 1e160, 4)
+    # three finite terms whose sum overflows: scale W_O so that the key-covariance term is 0.7e308 at rho = 1e150
+    # (the query-side term is then about twice that: finite alone, not summed)
+    with torch.no_grad():
+        layer.o_proj.weight.mul_(0.7e8 / kc1)
+    t = ab.attention_lipschitz_terms(layer, 1e150, 4)
+    assert all(math.isfinite(v) for v in t.values()) and not math.isfinite(sum(t.values())), t
+    with pytest.raises(ValueError, match="the attention bound overflows"):
+        ab.attention_lipschitz_on_ball(layer, 1e150, 4)

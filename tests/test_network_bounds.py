@@ -253,3 +253,68 @@ def test_min_token_variance_is_the_biased_variance():
         network.min_token_variance(torch.zeros(3))
     with pytest.raises(ValueError, match="non-finite"):
         network.min_token_variance(torch.tensor([[float("inf"), 0.0]]))
+
+
+def test_terms_record_every_constant_of_the_bound():
+    """The terms dict (what the reports print) carries the same numbers as the result's fields."""
+    blk = _ssog_block(6)
+    x = torch.randn(1, 2, 2, 4, dtype=F64)
+    b = network.vector_field_lipschitz(blk, x, rtol=1e-2, gelu_variant="tanh")
+    t = b.terms
+    assert t["mixer"] == b.mixer and t["mlp"] == b.mlp and t["global_bound"] == b.global_bound
+    assert t["local_bound"] == b.local_bound and t["ln1_global"] == b.ln1_global and t["ln2_global"] == b.ln2_global
+    assert t["ln1_local"] == b.ln1_local and t["ln2_local"] == b.ln2_local
+    assert t["vacuous_threshold"] == network.VACUOUS and t["mixer_terms"]["kind"] == "ssog"
+    # the tanh GELU's sup |GELU'| (a dense grid here) is what the MLP constant used
+    xs = torch.linspace(-8, 8, 200001, dtype=F64).requires_grad_(True)
+    (dg,) = torch.autograd.grad(torch.nn.functional.gelu(xs, approximate="tanh").sum(), xs)
+    assert float(dg.abs().max()) <= t["gelu_sup"] <= float(dg.abs().max()) * (1 + 1e-6)
+    ref = svd_norm(blk.mlp.fc1.weight.detach()) * float(dg.abs().max()) * svd_norm(blk.mlp.fc2.weight.detach())
+    assert ref <= b.mlp <= ref * (1 + 1e-6)
+    assert 0 < t["mixer_terms"]["symbol_sup_lower"] <= b.mixer * (1 + 1e-12)
+    assert svd_norm(dense_T(blk.mixer, 6, 6)) <= b.mixer
+
+
+def test_no_norm_no_mlp_with_states_and_norms_without_affine():
+    blk = _ssog_block(7, use_norm=False, use_mlp=False)
+    x = torch.randn(1, 2, 2, 4, dtype=F64)
+    b = network.vector_field_lipschitz(blk, x, rtol=1e-2)
+    assert b.ln1_local == 1.0 and b.ln2_local == 0.0 and b.local_bound == b.mixer == b.global_bound
+    assert svd_norm(jac(blk.vector_field, x)) <= b.local_bound
+    # an empty list of states is no states
+    b0 = network.vector_field_lipschitz(blk, [], rtol=1e-2)
+    assert b0.local_bound is None and b0.terms["min_variance"] is None
+    # attention without LayerNorm has no finite bound
+    torch.manual_seed(0)
+    ablk = Block(4, 2, "attention", use_norm=False).to(F64)
+    with pytest.raises(ValueError, match="not globally Lipschitz"):
+        network.vector_field_lipschitz(ablk, x)
+    # LayerNorm without affine parameters: gamma = 1, beta = 0
+    blk = _ssog_block(8)
+    blk.norm1 = torch.nn.LayerNorm(4, eps=1e-2, elementwise_affine=False, dtype=F64)
+    blk.norm2 = torch.nn.LayerNorm(4, eps=1e-2, elementwise_affine=False, dtype=F64)
+    b = network.vector_field_lipschitz(blk, x, rtol=1e-2)
+    assert 10.0 <= b.ln1_global <= 10.0 * (1 + 1e-12) and 10.0 <= b.ln2_global <= 10.0 * (1 + 1e-12)
+    v = float(x.var(dim=-1, unbiased=False).min())
+    assert 1 / math.sqrt(v + 1e-2) <= b.ln1_local <= 1 / math.sqrt(v + 1e-2) * (1 + 1e-12)
+
+
+def test_attention_block_radius_is_the_layernorm_image():
+    """The attention mixer's constant is taken on the ball LN1 maps into: radius sqrt(C) max|gamma| + ||beta||."""
+    torch.manual_seed(4)
+    blk = Block(4, 2, "attention", norm_eps=1e-2).to(F64)
+    with torch.no_grad():
+        blk.norm1.weight.uniform_(0.5, 2.0)
+        blk.norm1.bias.uniform_(-1, 1)
+    x = torch.randn(1, 2, 2, 4, dtype=F64)
+    b = network.vector_field_lipschitz(blk, x)
+    rho = 2 * float(blk.norm1.weight.abs().max()) + float(blk.norm1.bias.norm())
+    assert b.terms["mixer_terms"]["token_radius"] == pytest.approx(rho, rel=1e-14)
+    assert attention_lipschitz_on_ball(blk.mixer, rho * (1 - 1e-12), 4) <= b.mixer
+    assert b.mixer <= attention_lipschitz_on_ball(blk.mixer, rho * (1 + 1e-12), 4)
+    # 2-D states (tokens, C) fix no grid: attention then asks for states with a grid
+    with pytest.raises(ValueError, match="number of tokens"):
+        network.vector_field_lipschitz(blk, x.reshape(4, 4))
+    with pytest.raises(ValueError, match="number of tokens"):  # no states at all: no grid either
+        network.vector_field_lipschitz(blk)
+    assert network.min_token_variance(x.reshape(4, 4)) == float(x.reshape(4, 4).var(dim=-1, unbiased=False).min())

@@ -88,19 +88,23 @@ def _frobenius_upper(M: torch.Tensor, u: float) -> float:
 
 def _spectral_upper(M_hat: torch.Tensor, u: float) -> float:
     """||M_hat||_2 <= sigma_hat / (1 - gamma_{SVD_CONSTANT n}) for the computed top singular value sigma_hat."""
+    if not bool(torch.isfinite(M_hat).all()):
+        return math.inf  # the product overflowed: the caller refuses, naming the weights
     return float(torch.linalg.matrix_norm(M_hat, ord=2)) / (1 - gamma(SVD_CONSTANT * max(M_hat.shape), u))
 
 
 def _head_norms(layer: DenseAttention, *, dtype=torch.float64, device=None):
     """Certified upper bounds on the per-head ||A_h||_2, ||B_h||_2, ||c_h|| (Python floats), and sqrt(d).
 
-    A_h = W_Q^h W_K^h^T is formed in `dtype`, so the computed A_hat differs from it entrywise by at most
-    gamma_d |W_Q^h| |W_K^h|^T, whence ||A_h - A_hat||_2 <= gamma_d ||W_Q^h||_F ||W_K^h||_F; likewise for B_h
-    and c_h = b_Q^h W_K^h^T. The SVD adds its backward error. proofs/S4.md, "Rounding"."""
+    A_h = W_Q^h W_K^h^T is formed in `dtype` from the weights converted to `dtype` (one rounding each), so
+    the computed A_hat differs from it entrywise by at most gamma_{d+2} |W_Q^h| |W_K^h|^T, and the converted
+    factors' Frobenius norms are within a factor 1 + u of the originals': ||A_h - A_hat||_2 <=
+    gamma_{d+4} fl||W_Q^h||_F fl||W_K^h||_F; likewise for B_h and c_h = b_Q^h W_K^h^T. The SVD adds its
+    backward error. proofs/S4.md, "Rounding"."""
     u = unit_roundoff(dtype)
     m = head_matrices(layer, dtype=dtype, device=device)
     d = layer.head_dim
-    gd = gamma(d, u)
+    gd = gamma(d + 4, u)
     nA, nB, nc = [], [], []
     for h in range(layer.num_heads):
         fQ, fK, fV, fO = (_frobenius_upper(m[k][h], u) for k in ("WQ", "WK", "WV", "WO"))
@@ -132,8 +136,9 @@ def attention_lipschitz_terms(layer: DenseAttention, token_radius: float, num_to
     sN = math.sqrt(N)
     h = layer.num_heads
     value = sum(sN * b for b in nB)
-    key_cov = sum(rho * rho * a * b / sd for a, b in zip(nA, nB))
-    query_side = sum(sN * rho * (rho * a + c) * b / sd for a, b, c in zip(nA, nB, nc))
+    # b / sd first: no intermediate exceeds the result by more than a factor 1 (no spurious overflow)
+    key_cov = sum(rho * (rho * a) * (b / sd) for a, b in zip(nA, nB))
+    query_side = sum(sN * rho * (rho * a + c) * (b / sd) for a, b, c in zip(nA, nB, nc))
     return {"value": _round_up(value, h, "value-path"), "key_covariance": _round_up(key_cov, h, "key-covariance"),
             "query_side": _round_up(query_side, h, "query-side")}
 
@@ -190,7 +195,7 @@ def attention_lipschitz_on_frobenius_ball(layer: DenseAttention, radius: float, 
     R, N = _check_args(radius, num_tokens, name="radius")
     nA, nB, nc, sd = _head_norms(layer, dtype=dtype, device=device)
     sN = math.sqrt(N)
-    total = sum(b * (sN + R * R * a / sd + R * (R * a + sN * c) / sd) for a, b, c in zip(nA, nB, nc))
+    total = sum(b * (sN + R * (R * a) / sd + R * (R * a + sN * c) / sd) for a, b, c in zip(nA, nB, nc))
     return _round_up(total, layer.num_heads, "Frobenius-ball attention")
 
 
