@@ -3,6 +3,8 @@ import sys
 
 import sympy as sp
 
+sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), ".."))
+
 failures = []
 
 
@@ -53,6 +55,84 @@ check("defect of the Taylor curve is -lambda^2 x0 t", sp.simplify(dfct + lam**2 
 bound = sp.integrate(sp.exp(lam * (t - s)) * sp.Abs(dfct.subs(t, s)), (s, 0, t))
 actual = x0 * sp.exp(lam * t) - y
 check("a-posteriori bound equals the actual error", sp.simplify(bound - actual) == 0)
+
+# ---------------------------------------------------------------- Theorem 5 (the enclosure)
+# Lemma 1: LayerNorm's second derivative. n(x) = P x / s, s = sqrt(|P x|^2 / C + eps). Check the formula
+# D^2 n[u, u] = -2 w (z.w)/(C s^3) + z (3 (z.w)^2/(C^2 s^5) - |w|^2/(C s^3)) against sympy's derivative in C = 3,
+# and the bound 6 |u|^2 / (sqrt(C) s^2) at rational points.
+import random  # noqa: E402
+
+C3 = 3
+xs = sp.symbols("x0:3", real=True)
+us = sp.symbols("u0:3", real=True)
+h, eps_ = sp.symbols("h eps", positive=True)
+X = sp.Matrix(xs)
+Uv = sp.Matrix(us)
+P = sp.eye(C3) - sp.ones(C3, C3) / C3
+
+
+def nvec(v):
+    z = P * v
+    return z / sp.sqrt((z.T * z)[0] / C3 + eps_)
+
+
+second = sp.diff(nvec(X + h * Uv), h, 2).subs(h, 0)
+z, w = P * X, P * Uv
+sv = sp.sqrt((z.T * z)[0] / C3 + eps_)
+zw, ww = (z.T * w)[0], (w.T * w)[0]
+formula = -2 * w * zw / (C3 * sv ** 3) + z * (3 * zw ** 2 / (C3 ** 2 * sv ** 5) - ww / (C3 * sv ** 3))
+rnd = random.Random(0)
+ok_formula, ok_bound = True, True
+for _ in range(5):
+    vals = {**{xi: sp.Rational(rnd.randint(-9, 9), 4) for xi in xs}, **{ui: sp.Rational(rnd.randint(-9, 9), 5) for ui in us},
+            eps_: sp.Rational(1, 100)}
+    diff = (second - formula).subs(vals)
+    ok_formula &= all(abs(float(sp.N(d, 30))) < 1e-20 for d in diff)
+    lhs = float(sp.N(sp.sqrt(sum(c ** 2 for c in formula.subs(vals))), 30))
+    rhs = float(sp.N(6 * sum(vals[ui] ** 2 for ui in us) / (sp.sqrt(C3) * sv.subs(vals) ** 2), 30))
+    ok_bound &= lhs <= rhs
+check("Lemma 1: D^2 xhat[u, u] formula equals sympy's second derivative (C = 3, 5 rational points)", ok_formula)
+check("Lemma 1: ||D^2 xhat[u, u]|| <= 6 ||u||^2 / (sqrt(C) s^2) at those points", ok_bound)
+Cs, ss, wn = sp.symbols("C s wn", positive=True)
+zmax = sp.sqrt(Cs) * ss  # |z| <= sqrt(C) s
+terms = 2 * wn * zmax * wn / (Cs * ss ** 3) + zmax * (3 * zmax ** 2 * wn ** 2 / (Cs ** 2 * ss ** 5) + wn ** 2 / (Cs * ss ** 3))
+check("Lemma 1: the three term bounds add up to 6 |w|^2 / (sqrt(C) s^2)",
+      sp.simplify(terms - 6 * wn ** 2 / (sp.sqrt(Cs) * ss ** 2)) == 0)
+
+# sup |GELU''| = sqrt(2/pi): GELU'' = phi(x) (2 - x^2), critical points 0 and +-2
+xg = sp.symbols("x", real=True)
+gelu = xg * (1 + sp.erf(xg / sp.sqrt(2))) / 2
+g2 = sp.simplify(sp.diff(gelu, xg, 2))
+check("GELU'' = phi(x) (2 - x^2)", sp.simplify(g2 - sp.exp(-xg ** 2 / 2) / sp.sqrt(2 * sp.pi) * (2 - xg ** 2)) == 0)
+crit = sp.solve(sp.diff(g2, xg), xg)
+gvals = [sp.Abs(g2.subs(xg, c)) for c in crit]
+check("sup |GELU''| = 2 phi(0) = sqrt(2/pi) (critical points 0, +-2; limit 0 at infinity)",
+      set(crit) == {0, 2, -2} and sp.simplify(max(gvals, key=lambda v: float(v)) - sp.sqrt(2 / sp.pi)) == 0)
+from lipcheck.bounds.lognorm import GELU2_SUP, LN_CURVATURE  # noqa: E402
+check("the code's constants are those proven here",
+      abs(GELU2_SUP - float(sp.sqrt(2 / sp.pi))) < 1e-15 and LN_CURVATURE == 6)
+
+# Step 5 (one sub-interval): R(s) = r0 e^{mu s} + d (e^{mu s} - 1)/mu solves the comparison equation, and
+# R' = e^{mu s} (mu r0 + d) has one sign, so the sup of R over [0, tau] is at an end point.
+mu_, d_, r0_ = sp.symbols("mu d r0", real=True)
+R = r0_ * sp.exp(mu_ * s) + d_ * (sp.exp(mu_ * s) - 1) / mu_
+check("R' = mu R + d, R(0) = r0", sp.simplify(sp.diff(R, s) - mu_ * R - d_) == 0 and sp.simplify(R.subs(s, 0) - r0_) == 0)
+check("R' = e^{mu s} (mu r0 + d): one sign on the interval",
+      sp.simplify(sp.diff(R, s) - sp.exp(mu_ * s) * (mu_ * r0_ + d_)) == 0)
+check("phi(z) = (e^z - 1)/z -> 1 as z -> 0 (the mu = 0 case)", sp.limit((sp.exp(xg) - 1) / xg, xg, 0) == 1)
+
+# Step 6 (defect between samples): delta = y' - f(y) gives delta'' = y''' - f''(y) y'^2 - f'(y) y'' (scalar
+# model of D^2F[y', y'] + J y''); Taylor at the nearer end, |theta| <= tau/2, remainder (tau/2)^2/2 sup|delta''|.
+yf, ff = sp.Function("y"), sp.Function("f")
+dl = sp.diff(yf(t), t) - ff(yf(t))
+d2 = sp.diff(dl, t, 2)
+yy = sp.Symbol("Y")
+f1 = sp.diff(ff(yy), yy).subs(yy, yf(t))
+f2 = sp.diff(ff(yy), yy, 2).subs(yy, yf(t))
+expect = sp.diff(yf(t), t, 3) - f2 * sp.diff(yf(t), t) ** 2 - f1 * sp.diff(yf(t), t, 2)
+check("delta'' = y''' - F''(y)[y', y'] - F'(y) y''", sp.simplify(sp.expand(d2.doit() - expect.doit())) == 0)
+th = sp.symbols("theta", real=True)
+check("Taylor remainder at |theta| = tau/2 is tau^2/8 M", sp.simplify((th ** 2 / 2).subs(th, tau / 2) - tau ** 2 / 8) == 0)
 
 if failures:
     print(f"{len(failures)} check(s) failed")

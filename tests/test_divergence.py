@@ -84,3 +84,19 @@ def test_bad_arguments_exit_with_a_message(quick_run, capsys):
     assert "--gain must be a positive number" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         mod.main(["--preset", "huge"])
+
+
+def test_enclosure_section_is_proven_and_contains_the_actual_error(quick_run):
+    import json
+    _, docs, _, _ = quick_run
+    data = json.loads((docs / "data" / "divergence.json").read_text())
+    enc = data["enclosure"][0]
+    assert len(enc["proven"]) == len(enc["radius"]) == len(enc["actual"])
+    for b, ok in enumerate(enc["proven"]):
+        if ok:  # a proven radius bounds the actual error at every compared time, and is finite at t1
+            assert enc["reason"][b] is None and math.isfinite(enc["radius_t1"][b])
+            idx = [enc["t"].index(s) for s in enc["actual_t"]]
+            assert all(enc["actual"][b][k] <= enc["radius"][b][i] for k, i in enumerate(idx))
+        else:
+            assert isinstance(enc["reason"][b], str) and not math.isfinite(enc["radius_t1"][b])
+    assert "Proven enclosure" in (docs / "divergence.md").read_text()

@@ -228,3 +228,29 @@ def test_solver_failures_raise_integration_error_with_t_nfe_and_norm():
     with pytest.raises(IntegrationError, match="non-finite") as e:
         wp.solve(NaNField(), x0, t, "rk4", steps=8)
     assert 0.5 <= e.value.t <= 1.0 and e.value.nfe > 0 and not math.isfinite(e.value.state_norm)
+
+
+def test_gronwall_checker_flags_a_too_small_constant():
+    """x' = x^2 from x0 = 1: x = 1/(1 - t); a perturbation grows like dx/dx0 = 1/(1 - t)^2. A constant taken at
+    the initial state only (f'(x0) = 2) is too small later on: exp(2 t) < 1/(1 - t)^2 for t in (0, 1)."""
+    t = torch.linspace(0.0, 0.9, 19, dtype=torch.float64)
+    growth = (1 / (1 - t) ** 2)[:, None]
+    assert wp.envelope_violations(t, growth, 2.0) > 0  # the local constant from x0 only is caught
+    L_path = float(2 / (1 - t[-1]))  # f'(x(t)) <= 2 / (1 - 0.9) along the whole path: a valid constant
+    assert wp.envelope_violations(t, growth, L_path) == 0
+    assert wp.envelope_violations(t, growth, -1.0) == len(t) - 1
+    with pytest.raises(ValueError, match="finite"):
+        wp.envelope_violations(t, growth, float("nan"))
+
+
+def test_aposteriori_certificate_with_a_too_small_constant_reports_violations(one_thread):
+    from lipcheck import vit_from_preset
+    torch.manual_seed(0)
+    model = vit_from_preset("tiny", "ode", "ssog", dtype=torch.float64)
+    with torch.no_grad():
+        for mod in model.vector_field.block.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.normal_(0.0, 1.0 / math.sqrt(mod.in_features))
+    images = torch.randn(1, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    bad = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, lipschitz=-30.0)
+    assert bad["violations"] > 0 and bad["L"] == -30.0
