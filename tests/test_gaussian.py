@@ -66,6 +66,17 @@ def test_axis_matrix_is_toeplitz_in_g():
     assert torch.allclose(G.transpose(-1, -2), gaussian.axis_matrix(7, -mu, sigma), atol=1e-15)
 
 
+def test_single_point_axis_and_integer_offsets():
+    """n = 1 is a legal axis (a 1 x 1 grid): G_1 = [g(0)]; integer mu with no dtype is representable."""
+    mu, sigma = torch.tensor([0.3], dtype=torch.float64), torch.tensor([0.7], dtype=torch.float64)
+    G = gaussian.axis_matrix(1, mu, sigma)
+    expect = math.exp(-0.3 ** 2 / (2 * 0.7 ** 2)) / direct_Z(0.3, 0.7)
+    assert G.shape == (1, 1, 1) and G.item() == pytest.approx(expect, rel=1e-13)
+    gaussian.check_representable(torch.tensor([2]), torch.tensor([0.7]))  # integer offsets: no refusal
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        gaussian.axis_matrix(0, mu, sigma)
+
+
 def test_non_positive_sigma_rejected():
     with pytest.raises(ValueError, match="sigma"):
         gaussian.normaliser(torch.tensor(0.0), torch.tensor(0.0))

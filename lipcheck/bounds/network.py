@@ -75,8 +75,9 @@ def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exac
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} has non-finite entries; fix the weights before certifying")
     with spectral.single_thread():
-        n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.ROUNDING)
-        n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.ROUNDING)
+        # the SVD's backward error for each matrix's own shape and dtype (proofs/S2.md, rounding margins)
+        n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.svd_relative_error(*W1.shape, dtype))
+        n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.svd_relative_error(*W2.shape, dtype))
     return n1 * symbolic.gelu_derivative_sup(variant) * n2
 
 

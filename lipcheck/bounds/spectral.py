@@ -48,8 +48,6 @@ def svd_relative_error(m: int, n: int, dtype) -> float:
     return gaussian.gamma(8 * max(int(m), 1) * max(int(n), 1), dtype)
 
 
-# Kept for callers that bound the norm of one weight matrix in float64 (matrices up to 3072 x 768).
-ROUNDING = svd_relative_error(3072, 768, torch.float64)
 
 
 def _finite(x: float, what: str) -> float:
