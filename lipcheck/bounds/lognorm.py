@@ -92,7 +92,9 @@ class FieldConstants:
 
 
 def _op(w) -> float:
-    return float(torch.linalg.matrix_norm(w, ord=2)) * (1 + 1e-12) if w.numel() else 0.0
+    """||w||_2 rounded up by the SVD's backward error for w's shape and dtype (proofs/S2.md)."""
+    from .spectral import svd_relative_error
+    return float(torch.linalg.matrix_norm(w, ord=2)) * (1 + svd_relative_error(*w.shape, w.dtype)) if w.numel() else 0.0
 
 
 def _ln_numbers(norm, C, fk):
@@ -233,7 +235,9 @@ class DenseLogNorm:
         from .spectral import dense_operator, ssog_params
         p = ssog_params(block.mixer, dtype=dtype, device=device)
         self.block, self.T = block, dense_operator(p, H, W)
-        self.T_abs_norm = float(torch.linalg.matrix_norm(self.T.abs(), ord=2)) * (1 + 1e-12)
+        from .spectral import svd_relative_error
+        self.T_abs_norm = float(torch.linalg.matrix_norm(self.T.abs(), ord=2)) * (
+            1 + svd_relative_error(*self.T.shape, self.T.dtype))
         self.vec = None  # top eigenvectors (B, n) of the last eigen-solved point: Rayleigh quotients guess the next
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0
