@@ -107,8 +107,10 @@ def write_json(path: Path, data: dict) -> Path:
 def save_figure(fig, name: str, st: dict, docs: Path | None = None) -> Path:
     """Save a matplotlib figure to docs/figures/<name>.png with the stamp in its footer."""
     docs = Path(docs) if docs else DOCS
-    fig.text(0.005, 0.003, f"{st['command']} | {st['commit']} | torch {st['torch']} | {st['device']} | {st['date']}",
-             fontsize=5, color="0.4", ha="left", va="bottom")
+    # Hung below the figure's bottom edge (va="top" at y = 0): bbox_inches="tight" widens the saved area
+    # to include it, so the stamp can never overlap an axis label.
+    fig.text(0.005, -0.005, f"{st['command']} | {st['commit']} | torch {st['torch']} | {st['device']} | {st['date']}",
+             fontsize=5, color="0.4", ha="left", va="top")
     path = docs / "figures" / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".png")
