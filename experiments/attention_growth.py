@@ -91,6 +91,8 @@ def main(argv=None) -> int:
         from trained import probe_main  # experiments/trained.py
         return probe_main(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # handled above (experiments/trained.py); listed here so that --help shows it
+    ap.add_argument("--checkpoint", metavar="PATH", help="a `lipcheck train` checkpoint or run directory: probe that model's attention layers (see experiments/trained.py --help)")
     ap.add_argument("--quick", action="store_true", help="fewer restarts and steps (CPU, under 3 minutes)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available, else cpu)")
     ap.add_argument("--seed", type=int, default=0)

@@ -625,6 +625,8 @@ def main(argv=None) -> int:
         from trained import wellposed_main  # experiments/trained.py
         return wellposed_main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # handled above (experiments/trained.py); listed here so that --help shows it
+    p.add_argument("--checkpoint", metavar="PATH", help="a `lipcheck train` checkpoint or run directory: run the sweep, Gronwall envelope and certificate on that ODE model (see experiments/trained.py --help)")
     p.add_argument("--quick", action="store_true", help="a reduced run (under a minute on a CPU)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model width preset (default tiny)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -331,6 +331,8 @@ def main(argv=None) -> int:
         from trained import certify_main  # experiments/trained.py
         return certify_main(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # handled above (experiments/trained.py); listed here so that --help shows it
+    ap.add_argument("--checkpoint", metavar="PATH", help="a `lipcheck train` checkpoint or run directory: certify every SSoG layer of that model (see experiments/trained.py --help)")
     ap.add_argument("--quick", action="store_true", help="smaller run (about 2 minutes on a CPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
