@@ -248,3 +248,191 @@ def test_verified_lambda_max_is_an_upper_bound_and_close():
     low = torch.tensor(ref - 0.1, dtype=D)
     ok, _ = ln._cholesky_certifies(S, low, U)
     assert not ok.any()
+
+
+# ------------------------------------------------------------------ field constants against independent values
+
+def _block(C=8, heads=2, seed=0, use_mlp=True, **kw):
+    from lipcheck.models.vit import Block
+    torch.manual_seed(seed)
+    blk = Block(C, heads, "ssog", dtype=D, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(std=0.4)
+            p.requires_grad_(False)
+    return blk
+
+
+def _gelu1_sup():
+    z = torch.linspace(-6, 6, 200001, dtype=D)
+    return float((torch.special.ndtr(z) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)).max())
+
+
+def test_field_constants_match_independent_norms():
+    """Every constant against an SVD / norm taken in the test; LN1 and LN2 differ so that which-LN mix-ups show."""
+    blk = _block()
+    with torch.no_grad():
+        blk.norm1.weight.copy_(torch.linspace(-2.0, 1.0, 8, dtype=D))
+        blk.norm2.weight.copy_(torch.linspace(0.1, 0.5, 8, dtype=D))
+    blk.norm1.eps, blk.norm2.eps = 1e-6, 0.3
+    H, W, C = 2, 3, 8
+    k = ln.field_constants(blk, H, W)
+    w1, w2 = blk.mlp.fc1.weight, blk.mlp.fc2.weight
+    sv = lambda m: float(np.linalg.norm(m.numpy(), 2))
+    close = lambda a, b: abs(a - b) <= 1e-12 * (1 + abs(b))
+    assert (k.C, k.N, k.hidden) == (C, H * W, w1.shape[0])
+    assert close(k.W1, sv(w1)) and close(k.W2, sv(w2)) and close(k.W1_abs, sv(w1.abs())) and close(k.W2_abs, sv(w2.abs()))
+    assert k.W1 >= sv(w1) and k.W2_abs >= sv(w2.abs())  # rounded up, never down
+    assert (k.g1, k.g2, k.eps1, k.eps2) == (2.0, 0.5, 1e-6, 0.3)
+    assert abs(k.gelu1 - _gelu1_sup()) < 1e-9
+    bias = float(blk.mixer.o_proj.bias.norm()) + float(blk.mlp.fc2.bias.norm()) + sv(w2.abs()) * float(blk.mlp.fc1.bias.norm())
+    assert close(k.bias_norm, bias)
+    assert close(k.rho1, math.sqrt(C) * 2.0 + float(blk.norm1.bias.norm()))
+    assert close(k.rho2, math.sqrt(C) * 0.5 + float(blk.norm2.bias.norm()))
+    # ||T||: the dense operator built here from the kernels and projections, its exact largest singular value
+    layer = blk.mixer
+    K = layer.operator_matrix(H, W).detach()
+    P = layer.head_projections().detach()
+    T = sum(torch.kron(K[h].contiguous(), P[h].T.contiguous()) for h in range(layer.num_heads)).numpy()
+    sT = float(np.linalg.norm(T, 2))
+    assert sT * (1 - 1e-12) <= k.T_norm <= sT * (1 + 1e-6) + 1e-12
+    v = 0.05
+    l1, l2 = 2.0 / math.sqrt(v + 1e-6), 0.5 / math.sqrt(v + 0.3)
+    assert close(k.ln_jacobian(1, v), l1) and close(k.ln_jacobian(2, v), l2)
+    c1, c2 = 6 * 2.0 / (math.sqrt(C) * (v + 1e-6)), 6 * 0.5 / (math.sqrt(C) * (v + 0.3))
+    assert close(k.ln_curvature(1, v), c1) and close(k.ln_curvature(2, v), c2)
+    mlp = k.W2 * k.gelu1 * k.W1
+    assert close(k.lipschitz(v), k.T_norm * l1 + mlp * l2)
+    assert close(k.curvature(v), k.T_norm * c1 + mlp * c2 + k.W2 * math.sqrt(2 / math.pi) * k.W1 ** 2 * l2 * l2)
+    # and the Lipschitz constant bounds the exact Jacobian norm at states of token variance >= v
+    f = lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1)
+    for s in range(3):
+        y = torch.randn(H * W * C, generator=torch.Generator().manual_seed(s), dtype=D)
+        vy = float(y.reshape(-1, C).var(-1, unbiased=False).min())
+        J = torch.func.jacfwd(f)(y).numpy()
+        assert np.linalg.norm(J, 2) <= k.lipschitz(vy)
+    # Identity norms: Jacobian 1, curvature 0, radius unknown
+    lin = ln.field_constants(_block(use_norm=False, use_mlp=False), H, W)
+    assert (lin.ln_jacobian(1, 0.0), lin.ln_curvature(2, 0.0), lin.rho1, lin.hidden) == (1.0, 0.0, math.inf, 0)
+    assert lin.W1 == lin.W2 == lin.mlp_lipschitz == 0.0
+
+
+def test_field_constants_without_biases_and_without_mlp():
+    blk = _block(seed=1)
+    blk.mlp.fc1.bias = None
+    blk.mlp.fc2.bias = None
+    blk.norm1.bias = None
+    k = ln.field_constants(blk, 2, 2)
+    assert abs(k.bias_norm - float(blk.mixer.o_proj.bias.norm())) <= 1e-12  # only b_o is left
+    assert abs(k.rho1 - math.sqrt(8) * float(blk.norm1.weight.abs().max())) <= 1e-12
+    blk.mlp.fc2.bias = torch.nn.Parameter(torch.ones(8, dtype=D), requires_grad=False)  # b2 alone: ||b2|| = sqrt(8)
+    assert abs(ln.field_constants(blk, 2, 2).bias_norm - k.bias_norm - math.sqrt(8)) <= 1e-12
+    nomlp = _block(seed=1, use_mlp=False)
+    k0 = ln.field_constants(nomlp, 2, 2)
+    assert k0.hidden == 0 and k0.W1 == k0.W2 == k0.W1_abs == k0.W2_abs == 0.0
+    assert abs(k0.bias_norm - float(nomlp.mixer.o_proj.bias.norm())) <= 1e-12
+
+
+def test_curvature_bounds_finite_differences_of_the_jacobian():
+    """||D^2 F(y)[u, u]|| (central differences of J_F w along u) <= curvature(v) ||u||_max-token^2 for a block
+    with bias-free LayerNorms and MLP (curvature is per-token: max_i ||u_i|| enters)."""
+    blk = _block(seed=2)
+    for m in (blk.norm1, blk.norm2, blk.mlp.fc1, blk.mlp.fc2):
+        m.bias = None
+    H, W, C = 2, 2, 8
+    k = ln.field_constants(blk, H, W)
+    f = lambda z: blk.vector_field(z)
+    g = torch.Generator().manual_seed(3)
+    worst = 0.0
+    for _ in range(6):
+        y = torch.randn(1, H, W, C, generator=g, dtype=D)
+        u = torch.randn(1, H, W, C, generator=g, dtype=D)
+        h = 1e-4
+        jp = torch.func.jvp(f, (y + h * u,), (u,))[1]
+        jm = torch.func.jvp(f, (y - h * u,), (u,))[1]
+        d2 = float(((jp - jm) / (2 * h)).norm())
+        pts = torch.stack([y + s * u for s in (-h, 0.0, h)])
+        v = float(pts.var(-1, unbiased=False).min()) * 0.999
+        bound = k.curvature(v) * float(u.norm(dim=-1).max()) ** 2
+        assert d2 <= bound, (d2, bound)
+        worst = max(worst, d2 / bound)
+    assert worst > 1e-3  # the bound is not vacuous by orders of magnitude
+
+
+def test_rounding_bounds_formula_and_float32_errors():
+    """The a-priori formula of proofs/S5.md Lemma 4, evaluated here, and it bounds the actual float32 errors."""
+    blk = _block(seed=4)
+    H, W, C = 2, 3, 8
+    k = ln.field_constants(blk, H, W)
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(5), dtype=D)
+    y[1] *= 3.0
+    v = float(y.var(-1, unbiased=False).min())
+    y32 = y.float()
+    eps_F, eps_J = ln.rounding_bounds(k, y32, v)
+    u = 2.0 ** -24
+    K = 2 * (C + k.hidden + 4 * (math.isqrt(H * W) + 1) * 8) + 64
+    gK = K * u / (1 - K * u)
+    yn = y32.double()
+    amp = [float((yn[b].norm(dim=-1) / (math.sqrt(C) * yn[b].var(-1, unbiased=False).sqrt())).max()) for b in range(2)]
+    mag = math.sqrt(H * W) * (k.T_abs * k.rho1 + k.W2_abs * k.gelu1 * k.W1_abs * k.rho2 + k.bias_norm)
+    for b in range(2):
+        assert abs(float(eps_F[b]) - gK * (2 + amp[b]) * mag * 4) <= 1e-6 * float(eps_F[b])
+    lin = k.T_abs * k.ln_jacobian(1, v) + k.W2_abs * k.gelu1 * k.W1_abs * k.ln_jacobian(2, v)
+    assert abs(eps_J - gK * (2 + max(amp)) * lin * 8) <= 1e-6 * eps_J
+    b32 = _block(seed=4)
+    b32.float()
+    with torch.no_grad():
+        err = (b32.vector_field(y32).double() - blk.vector_field(y32.double())).flatten(1).norm(dim=-1)
+    assert (err <= eps_F.double()).all() and float(err.max()) > 0
+
+
+def test_structured_lognorm_against_per_token_jacobians():
+    """mu_2(J) <= structured bound <= ||T|| max ||D1_i|| + max mu_2(D2_i) + tiny (||D1_i|| by Lemma 1), the per-token blocks taken by
+    autograd here; exact mu_2 of the dense Jacobian below it."""
+    blk = _block(seed=6)
+    H, W, C = 2, 2, 8
+    k = ln.field_constants(blk, H, W)
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(7), dtype=D)
+    got = ln.structured_lognorm(blk, k, y, 0.0)
+    mlp_ln = lambda z: blk.mlp(blk.norm2(z))
+    for b in range(2):
+        J = torch.func.jacfwd(lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1))(y[b].reshape(-1)).numpy()
+        mu = float(np.linalg.eigvalsh((J + J.T) / 2).max())
+        toks = y[b].reshape(-1, C)
+        n1x = max(float(np.linalg.norm(torch.func.jacfwd(blk.norm1)(t).numpy(), 2)) for t in toks)
+        # Lemma 1's per-token bound max|gamma| / sqrt(var + eps) (>= the exact norm n1x)
+        n1 = float(blk.norm1.weight.abs().max()) / math.sqrt(float(toks.var(-1, unbiased=False).min()) + blk.norm1.eps)
+        assert n1x <= n1 * (1 + 1e-12)
+        m2 = max(float(np.linalg.eigvalsh(((lambda A: (A + A.T) / 2)(torch.func.jacfwd(mlp_ln)(t).numpy()))).max())
+                 for t in toks)
+        assert mu <= float(got[b]) <= k.T_norm * n1 * (1 + 1e-9) + m2 + 1e-9 * (1 + abs(m2)), (mu, float(got[b]))
+
+
+def test_dense_lognorm_batch_independent_and_cached_guess_is_sound():
+    blk = _block(seed=8)
+    H, W = 2, 2
+    y = torch.randn(2, H, W, 8, generator=torch.Generator().manual_seed(9), dtype=D)
+    dl = ln.DenseLogNorm(blk, H, W)
+    _, err2 = dl.jacobian(y)
+    _, err1 = dl.jacobian(y[1:])
+    assert torch.allclose(err2[1:], err1, rtol=1e-14, atol=0)  # per-sample rounding bound, not batch-wide
+    first = dl(y, 0.0)
+    second = dl(y + 1e-3, 0.0)  # the Rayleigh-quotient guess of the first solve is tried here
+    for b, (val, z) in enumerate(((first, y), (second, y + 1e-3))):
+        for i in range(2):
+            J = ln.dense_jacobian(blk, z[i]).numpy()
+            mu = float(np.linalg.eigvalsh((J + J.T) / 2).max())
+            assert mu <= float(val[i]) <= mu + 1e-2 * (1 + abs(mu))
+
+
+def test_verified_lambda_max_needs_a_second_try():
+    """A spectrum with one isolated top eigenvalue and n = 150: the first pad is below the Cholesky margin
+    (about n^2 u tr), so only a grown pad certifies; the bound must still be finite and tight."""
+    n = 150
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, n)))
+    ev = np.full(n, -1.0)
+    ev[-1] = 0.5
+    S = torch.tensor((Q * ev) @ Q.T, dtype=D)
+    S = (S + S.T) / 2
+    got = float(ln.verified_lambda_max(S))
+    assert 0.5 <= got <= 0.5 + 1e-8
