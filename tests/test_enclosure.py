@@ -438,3 +438,66 @@ def test_verified_lambda_max_needs_a_second_try():
     got = float(ln.verified_lambda_max(S, lam=torch.tensor(top - 1e-8, dtype=D)))
     assert top <= got <= top + 1e-5
     assert float(ln.verified_lambda_max(S, lam=torch.tensor(top - 1.0, dtype=D), tries=2)) == math.inf  # honest failure
+
+
+# ------------------------------------------------------------------------ the SSoG ViT field end to end
+
+def _tiny_ode_vit(seed=0):
+    from lipcheck import ViT
+    torch.manual_seed(seed)
+    return ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2, depth=1,
+               num_classes=3, mlp_ratio=2.0).eval()
+
+
+def _tight_solution(model, images, ts):
+    """x(ts) by torchdiffeq's dopri8 at rtol = atol = 1e-12 on the model's own vector field, independent of
+    lipcheck.wellposed's solver wrappers."""
+    import torchdiffeq
+    blk = model.vector_field.block
+    with torch.no_grad():
+        x0 = model.embed(images.to(D))
+        return torchdiffeq.odeint(lambda t, x: blk.vector_field(x), x0, ts, method="dopri8", rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method,lognorm", [("dopri5", "dense"), ("bosh3", "structured")])
+def test_ssog_vit_enclosure_contains_a_tight_solution(method, lognorm):
+    model = _tiny_ode_vit()
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    enc = wp.enclose(model, images, method=method, tol=1e-4, lognorm=lognorm, progress=False)
+    assert enc.proven.all(), enc.reason
+    assert enc.center.shape[1:] == (2, 2, 2, 6) and float(enc.t[-1]) == pytest.approx(float(model.t1), abs=1e-15)
+    truth = _tight_solution(model, images, enc.t)
+    err = (truth - enc.center).flatten(2).norm(dim=-1)  # (K, B)
+    assert (err <= enc.radius).all(), (err / enc.radius).max()
+    assert float(err[-1].max()) > 0 and float((err[1:] / enc.radius[1:]).max()) > 1e-6  # not vacuous
+    s = enc.summary()
+    assert s["samples"] == 2 and s["proven"] == [True, True] and s["method"] == method
+    assert s["radius"] == enc.radius.T.tolist() and s["radius_t1"] == enc.radius[-1].tolist()
+    assert s["t"] == enc.t.tolist() and s["mu_point"] == enc.mu_point.T.tolist()
+    assert s["tube_max"] == enc.tube.amax(0).tolist() and s["mu_max"] == enc.mu.amax(0).tolist()
+    assert s["defect_max"] == enc.defect.amax(0).tolist()
+    assert s["defect_sampled_max"] == enc.defect_sampled.amax(0).tolist()
+    assert (enc.defect >= enc.defect_sampled).all()  # the rigorous sup is above the sampled values
+
+
+def test_ssog_field_pieces_against_the_block():
+    from lipcheck.wellposed.enclosure import SSoGField
+    model = _tiny_ode_vit(seed=3)
+    blk = model.vector_field.block
+    for p in blk.parameters():
+        p.requires_grad_(False)
+    f = SSoGField(blk, 2, 2)
+    assert f.lognorm_kind == "dense" and f.uses_variance  # LayerNorm: its constants need the variance floor
+    assert SSoGField(blk, 2, 2, lognorm="structured").lognorm_kind == "structured"
+    with pytest.raises(wp.EnclosureError, match="lognorm"):
+        SSoGField(blk, 2, 2, lognorm="exact")
+    y = torch.randn(3, 2, 2, 6, generator=torch.Generator().manual_seed(2), dtype=D)
+    v = float(y.var(-1, unbiased=False).min())
+    assert torch.equal(f(y), blk.vector_field(y))
+    eps_F, eps_J = f.rounding(y, v)
+    assert eps_F.shape == (3,) and (eps_F > 0).all() and 0 < eps_J < 1e-10
+    mu = f.lognorm(y, v, 0.0)
+    for b in range(3):
+        J = ln.dense_jacobian(blk, y[b]).numpy()
+        assert np.linalg.eigvalsh((J + J.T) / 2).max() <= float(mu[b])
+        assert np.linalg.norm(J, 2) <= f.lipschitz(v)
