@@ -501,3 +501,14 @@ def test_ssog_field_pieces_against_the_block():
         J = ln.dense_jacobian(blk, y[b]).numpy()
         assert np.linalg.eigvalsh((J + J.T) / 2).max() <= float(mu[b])
         assert np.linalg.norm(J, 2) <= f.lipschitz(v)
+
+
+def test_max_per_step_boundary():
+    """max_per_step >= 8 is the documented range: 7 is refused, 8 runs and its radius (where proven) holds."""
+    A, x0 = _linear_case()
+    with pytest.raises(wp.EnclosureError, match="max_per_step"):
+        wp.enclose_field(LinearField(A), x0, 1.0, max_per_step=7)
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, max_per_step=8)
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err <= enc.radius.numpy()).all()
