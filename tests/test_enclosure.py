@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lipcheck import wellposed as wp
 from lipcheck.bounds import lognorm as ln
@@ -512,3 +514,23 @@ def test_max_per_step_boundary():
     exact = _expm_solution(A, x0, enc.t.tolist())
     err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
     assert (err <= enc.radius.numpy()).all()
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), C=st.sampled_from([4, 6]), scale=st.floats(0.3, 3.0), use_mlp=st.booleans())
+def test_lipschitz_and_curvature_hold_on_random_blocks(seed, C, scale, use_mlp):
+    """Property over random blocks and states: ||J_F(y)|| <= lipschitz(v) (exact 2-norm of the Jacobian taken by
+    autograd) and ||J_F(y) - J_F(z)|| <= curvature(v) max_i ||y_i - z_i|| for a nearby z (v: the variance floor
+    of the segment, taken over samples of it with a 10% margin)."""
+    blk = _block(C=C, heads=2, seed=seed, use_mlp=use_mlp)
+    H, W = 2, 2
+    k = ln.field_constants(blk, H, W)
+    g = torch.Generator().manual_seed(seed)
+    y = scale * torch.randn(1, H, W, C, generator=g, dtype=D)
+    z = y + 0.01 * scale * torch.randn(1, H, W, C, generator=g, dtype=D)
+    seg = torch.stack([y + s * (z - y) for s in torch.linspace(0, 1, 11, dtype=D)])
+    v = float(seg.var(-1, unbiased=False).min()) * 0.9
+    f = lambda x: blk.vector_field(x.reshape(1, H, W, C)).reshape(-1)
+    Jy, Jz = (torch.func.jacfwd(f)(x.reshape(-1)).numpy() for x in (y, z))
+    assert np.linalg.norm(Jy, 2) <= k.lipschitz(v)
+    assert np.linalg.norm(Jy - Jz, 2) <= k.curvature(v) * float((y - z).norm(dim=-1).max())
