@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lipcheck import wellposed as wp
 from lipcheck.bounds import lognorm as ln
@@ -248,3 +250,287 @@ def test_verified_lambda_max_is_an_upper_bound_and_close():
     low = torch.tensor(ref - 0.1, dtype=D)
     ok, _ = ln._cholesky_certifies(S, low, U)
     assert not ok.any()
+
+
+# ------------------------------------------------------------------ field constants against independent values
+
+def _block(C=8, heads=2, seed=0, use_mlp=True, **kw):
+    from lipcheck.models.vit import Block
+    torch.manual_seed(seed)
+    blk = Block(C, heads, "ssog", dtype=D, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(std=0.4)
+            p.requires_grad_(False)
+    return blk
+
+
+def _gelu1_sup():
+    z = torch.linspace(-6, 6, 200001, dtype=D)
+    return float((torch.special.ndtr(z) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)).max())
+
+
+def test_field_constants_match_independent_norms():
+    """Every constant against an SVD / norm taken in the test; LN1 and LN2 differ so that which-LN mix-ups show."""
+    blk = _block()
+    with torch.no_grad():
+        blk.norm1.weight.copy_(torch.linspace(-2.0, 1.0, 8, dtype=D))
+        blk.norm2.weight.copy_(torch.linspace(0.1, 0.5, 8, dtype=D))
+    blk.norm1.eps, blk.norm2.eps = 1e-6, 0.3
+    H, W, C = 2, 3, 8
+    k = ln.field_constants(blk, H, W)
+    w1, w2 = blk.mlp.fc1.weight, blk.mlp.fc2.weight
+    sv = lambda m: float(np.linalg.norm(m.numpy(), 2))
+    close = lambda a, b: abs(a - b) <= 1e-12 * (1 + abs(b))
+    assert (k.C, k.N, k.hidden) == (C, H * W, w1.shape[0])
+    assert close(k.W1, sv(w1)) and close(k.W2, sv(w2)) and close(k.W1_abs, sv(w1.abs())) and close(k.W2_abs, sv(w2.abs()))
+    assert k.W1 >= sv(w1) and k.W2_abs >= sv(w2.abs())  # rounded up, never down
+    assert (k.g1, k.g2, k.eps1, k.eps2) == (2.0, 0.5, 1e-6, 0.3)
+    assert abs(k.gelu1 - _gelu1_sup()) < 1e-9
+    bias = float(blk.mixer.o_proj.bias.norm()) + float(blk.mlp.fc2.bias.norm()) + sv(w2.abs()) * float(blk.mlp.fc1.bias.norm())
+    assert close(k.bias_norm, bias)
+    assert close(k.rho1, math.sqrt(C) * 2.0 + float(blk.norm1.bias.norm()))
+    assert close(k.rho2, math.sqrt(C) * 0.5 + float(blk.norm2.bias.norm()))
+    # ||T||: the dense operator built here from the kernels and projections, its exact largest singular value
+    layer = blk.mixer
+    K = layer.operator_matrix(H, W).detach()
+    P = layer.head_projections().detach()
+    T = sum(torch.kron(K[h].contiguous(), P[h].T.contiguous()) for h in range(layer.num_heads)).numpy()
+    sT = float(np.linalg.norm(T, 2))
+    assert sT * (1 - 1e-12) <= k.T_norm <= sT * (1 + 1e-6) + 1e-12
+    v = 0.05
+    l1, l2 = 2.0 / math.sqrt(v + 1e-6), 0.5 / math.sqrt(v + 0.3)
+    assert close(k.ln_jacobian(1, v), l1) and close(k.ln_jacobian(2, v), l2)
+    c1, c2 = 6 * 2.0 / (math.sqrt(C) * (v + 1e-6)), 6 * 0.5 / (math.sqrt(C) * (v + 0.3))
+    assert close(k.ln_curvature(1, v), c1) and close(k.ln_curvature(2, v), c2)
+    mlp = k.W2 * k.gelu1 * k.W1
+    assert close(k.lipschitz(v), k.T_norm * l1 + mlp * l2)
+    assert close(k.curvature(v), k.T_norm * c1 + mlp * c2 + k.W2 * math.sqrt(2 / math.pi) * k.W1 ** 2 * l2 * l2)
+    # and the Lipschitz constant bounds the exact Jacobian norm at states of token variance >= v
+    f = lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1)
+    for s in range(3):
+        y = torch.randn(H * W * C, generator=torch.Generator().manual_seed(s), dtype=D)
+        vy = float(y.reshape(-1, C).var(-1, unbiased=False).min())
+        J = torch.func.jacfwd(f)(y).numpy()
+        assert np.linalg.norm(J, 2) <= k.lipschitz(vy)
+    # Identity norms: Jacobian 1, curvature 0, radius unknown
+    lin = ln.field_constants(_block(use_norm=False, use_mlp=False), H, W)
+    assert (lin.ln_jacobian(1, 0.0), lin.ln_curvature(2, 0.0), lin.rho1, lin.hidden) == (1.0, 0.0, math.inf, 0)
+    assert lin.W1 == lin.W2 == lin.mlp_lipschitz == 0.0
+
+
+def test_field_constants_without_biases_and_without_mlp():
+    blk = _block(seed=1)
+    blk.mlp.fc1.bias = None
+    blk.mlp.fc2.bias = None
+    blk.norm1.bias = None
+    k = ln.field_constants(blk, 2, 2)
+    assert abs(k.bias_norm - float(blk.mixer.o_proj.bias.norm())) <= 1e-12  # only b_o is left
+    assert abs(k.rho1 - math.sqrt(8) * float(blk.norm1.weight.abs().max())) <= 1e-12
+    blk.mlp.fc2.bias = torch.nn.Parameter(torch.ones(8, dtype=D), requires_grad=False)  # b2 alone: ||b2|| = sqrt(8)
+    assert abs(ln.field_constants(blk, 2, 2).bias_norm - k.bias_norm - math.sqrt(8)) <= 1e-12
+    nomlp = _block(seed=1, use_mlp=False)
+    k0 = ln.field_constants(nomlp, 2, 2)
+    assert k0.hidden == 0 and k0.W1 == k0.W2 == k0.W1_abs == k0.W2_abs == 0.0
+    assert abs(k0.bias_norm - float(nomlp.mixer.o_proj.bias.norm())) <= 1e-12
+
+
+def test_curvature_bounds_finite_differences_of_the_jacobian():
+    """||D^2 F(y)[u, u]|| (central differences of J_F w along u) <= curvature(v) ||u||_max-token^2 for a block
+    with bias-free LayerNorms and MLP (curvature is per-token: max_i ||u_i|| enters)."""
+    blk = _block(seed=2)
+    for m in (blk.norm1, blk.norm2, blk.mlp.fc1, blk.mlp.fc2):
+        m.bias = None
+    H, W, C = 2, 2, 8
+    k = ln.field_constants(blk, H, W)
+    f = lambda z: blk.vector_field(z)
+    g = torch.Generator().manual_seed(3)
+    worst = 0.0
+    for _ in range(6):
+        y = torch.randn(1, H, W, C, generator=g, dtype=D)
+        u = torch.randn(1, H, W, C, generator=g, dtype=D)
+        h = 1e-4
+        jp = torch.func.jvp(f, (y + h * u,), (u,))[1]
+        jm = torch.func.jvp(f, (y - h * u,), (u,))[1]
+        d2 = float(((jp - jm) / (2 * h)).norm())
+        pts = torch.stack([y + s * u for s in (-h, 0.0, h)])
+        v = float(pts.var(-1, unbiased=False).min()) * 0.999
+        bound = k.curvature(v) * float(u.norm(dim=-1).max()) ** 2
+        assert d2 <= bound, (d2, bound)
+        worst = max(worst, d2 / bound)
+    assert worst > 1e-3  # the bound is not vacuous by orders of magnitude
+
+
+def test_rounding_bounds_formula_and_float32_errors():
+    """The a-priori formula of proofs/S5.md Lemma 4, evaluated here, and it bounds the actual float32 errors."""
+    blk = _block(seed=4)
+    H, W, C = 2, 3, 8
+    k = ln.field_constants(blk, H, W)
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(5), dtype=D)
+    y[1] *= 3.0
+    v = float(y.var(-1, unbiased=False).min())
+    y32 = y.float()
+    eps_F, eps_J = ln.rounding_bounds(k, y32, v)
+    u = 2.0 ** -24
+    K = 2 * (C + k.hidden + 4 * (math.isqrt(H * W) + 1) * 8) + 64
+    gK = K * u / (1 - K * u)
+    yn = y32.double()
+    amp = [float((yn[b].norm(dim=-1) / (math.sqrt(C) * yn[b].var(-1, unbiased=False).sqrt())).max()) for b in range(2)]
+    mag = math.sqrt(H * W) * (k.T_abs * k.rho1 + k.W2_abs * k.gelu1 * k.W1_abs * k.rho2 + k.bias_norm)
+    for b in range(2):
+        assert abs(float(eps_F[b]) - gK * (2 + amp[b]) * mag * 4) <= 1e-6 * float(eps_F[b])
+    lin = k.T_abs * k.ln_jacobian(1, v) + k.W2_abs * k.gelu1 * k.W1_abs * k.ln_jacobian(2, v)
+    assert abs(eps_J - gK * (2 + max(amp)) * lin * 8) <= 1e-6 * eps_J
+    b32 = _block(seed=4)
+    b32.float()
+    with torch.no_grad():
+        err = (b32.vector_field(y32).double() - blk.vector_field(y32.double())).flatten(1).norm(dim=-1)
+    assert (err <= eps_F.double()).all() and float(err.max()) > 0
+
+
+def test_structured_lognorm_against_per_token_jacobians():
+    """mu_2(J) <= structured bound <= ||T|| max ||D1_i|| + max mu_2(D2_i) + tiny (||D1_i|| by Lemma 1), the per-token blocks taken by
+    autograd here; exact mu_2 of the dense Jacobian below it."""
+    blk = _block(seed=6)
+    H, W, C = 2, 2, 8
+    k = ln.field_constants(blk, H, W)
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(7), dtype=D)
+    got = ln.structured_lognorm(blk, k, y, 0.0)
+    mlp_ln = lambda z: blk.mlp(blk.norm2(z))
+    for b in range(2):
+        J = torch.func.jacfwd(lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1))(y[b].reshape(-1)).numpy()
+        mu = float(np.linalg.eigvalsh((J + J.T) / 2).max())
+        toks = y[b].reshape(-1, C)
+        n1x = max(float(np.linalg.norm(torch.func.jacfwd(blk.norm1)(t).numpy(), 2)) for t in toks)
+        # Lemma 1's per-token bound max|gamma| / sqrt(var + eps) (>= the exact norm n1x)
+        n1 = float(blk.norm1.weight.abs().max()) / math.sqrt(float(toks.var(-1, unbiased=False).min()) + blk.norm1.eps)
+        assert n1x <= n1 * (1 + 1e-12)
+        m2 = max(float(np.linalg.eigvalsh(((lambda A: (A + A.T) / 2)(torch.func.jacfwd(mlp_ln)(t).numpy()))).max())
+                 for t in toks)
+        assert mu <= float(got[b]) <= k.T_norm * n1 * (1 + 1e-9) + m2 + 1e-9 * (1 + abs(m2)), (mu, float(got[b]))
+
+
+def test_dense_lognorm_batch_independent_and_cached_guess_is_sound():
+    blk = _block(seed=8)
+    H, W = 2, 2
+    y = torch.randn(2, H, W, 8, generator=torch.Generator().manual_seed(9), dtype=D)
+    dl = ln.DenseLogNorm(blk, H, W)
+    _, err2 = dl.jacobian(y)
+    _, err1 = dl.jacobian(y[1:])
+    assert torch.allclose(err2[1:], err1, rtol=1e-14, atol=0)  # per-sample rounding bound, not batch-wide
+    first = dl(y, 0.0)
+    second = dl(y + 1e-3, 0.0)  # the Rayleigh-quotient guess of the first solve is tried here
+    assert dl.eigensolves == 1  # and certified without a second eigensolve
+    for b, (val, z) in enumerate(((first, y), (second, y + 1e-3))):
+        for i in range(2):
+            J = ln.dense_jacobian(blk, z[i]).numpy()
+            mu = float(np.linalg.eigvalsh((J + J.T) / 2).max())
+            assert mu <= float(val[i]) <= mu + 1e-2 * (1 + abs(mu))
+
+
+def test_verified_lambda_max_needs_a_second_try():
+    """A guess lam below the top eigenvalue: the first tries (mu = lam + pad < lambda_max) cannot certify, the pad
+    grows tenfold per try; the result must still be a finite upper bound, not inf and not below lambda_max."""
+    n = 40
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, n)))
+    ev = np.linspace(-1.0, 0.25, n)
+    S = torch.tensor((Q * ev) @ Q.T, dtype=D)
+    S = (S + S.T) / 2
+    top = float(np.linalg.eigvalsh(S.numpy()).max())
+    got = float(ln.verified_lambda_max(S, lam=torch.tensor(top - 1e-8, dtype=D)))
+    assert top <= got <= top + 1e-5
+    assert float(ln.verified_lambda_max(S, lam=torch.tensor(top - 1.0, dtype=D), tries=2)) == math.inf  # honest failure
+
+
+# ------------------------------------------------------------------------ the SSoG ViT field end to end
+
+def _tiny_ode_vit(seed=0):
+    from lipcheck import ViT
+    torch.manual_seed(seed)
+    return ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2, depth=1,
+               num_classes=3, mlp_ratio=2.0).eval()
+
+
+def _tight_solution(model, images, ts):
+    """x(ts) by torchdiffeq's dopri8 at rtol = atol = 1e-12 on the model's own vector field, independent of
+    lipcheck.wellposed's solver wrappers."""
+    import torchdiffeq
+    blk = model.vector_field.block
+    with torch.no_grad():
+        x0 = model.embed(images.to(D))
+        return torchdiffeq.odeint(lambda t, x: blk.vector_field(x), x0, ts, method="dopri8", rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method,lognorm", [("dopri5", "dense"), ("bosh3", "structured")])
+def test_ssog_vit_enclosure_contains_a_tight_solution(method, lognorm):
+    model = _tiny_ode_vit()
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    enc = wp.enclose(model, images, method=method, tol=1e-4, lognorm=lognorm, progress=False)
+    assert enc.proven.all(), enc.reason
+    assert enc.center.shape[1:] == (2, 2, 2, 6) and float(enc.t[-1]) == pytest.approx(float(model.t1), abs=1e-15)
+    truth = _tight_solution(model, images, enc.t)
+    err = (truth - enc.center).flatten(2).norm(dim=-1)  # (K, B)
+    assert (err <= enc.radius).all(), (err / enc.radius).max()
+    assert float(err[-1].max()) > 0 and float((err[1:] / enc.radius[1:]).max()) > 1e-6  # not vacuous
+    s = enc.summary()
+    assert s["samples"] == 2 and s["proven"] == [True, True] and s["method"] == method
+    assert s["radius"] == enc.radius.T.tolist() and s["radius_t1"] == enc.radius[-1].tolist()
+    assert s["t"] == enc.t.tolist() and s["mu_point"] == enc.mu_point.T.tolist()
+    assert s["tube_max"] == enc.tube.amax(0).tolist() and s["mu_max"] == enc.mu.amax(0).tolist()
+    assert s["defect_max"] == enc.defect.amax(0).tolist()
+    assert s["defect_sampled_max"] == enc.defect_sampled.amax(0).tolist()
+    assert (enc.defect >= enc.defect_sampled).all()  # the rigorous sup is above the sampled values
+
+
+def test_ssog_field_pieces_against_the_block():
+    from lipcheck.wellposed.enclosure import SSoGField
+    model = _tiny_ode_vit(seed=3)
+    blk = model.vector_field.block
+    for p in blk.parameters():
+        p.requires_grad_(False)
+    f = SSoGField(blk, 2, 2)
+    assert f.lognorm_kind == "dense" and f.uses_variance  # LayerNorm: its constants need the variance floor
+    assert SSoGField(blk, 2, 2, lognorm="structured").lognorm_kind == "structured"
+    with pytest.raises(wp.EnclosureError, match="lognorm"):
+        SSoGField(blk, 2, 2, lognorm="exact")
+    y = torch.randn(3, 2, 2, 6, generator=torch.Generator().manual_seed(2), dtype=D)
+    v = float(y.var(-1, unbiased=False).min())
+    assert torch.equal(f(y), blk.vector_field(y))
+    eps_F, eps_J = f.rounding(y, v)
+    assert eps_F.shape == (3,) and (eps_F > 0).all() and 0 < eps_J < 1e-10
+    mu = f.lognorm(y, v, 0.0)
+    for b in range(3):
+        J = ln.dense_jacobian(blk, y[b]).numpy()
+        assert np.linalg.eigvalsh((J + J.T) / 2).max() <= float(mu[b])
+        assert np.linalg.norm(J, 2) <= f.lipschitz(v)
+
+
+def test_max_per_step_boundary():
+    """max_per_step >= 8 is the documented range: 7 is refused, 8 runs and its radius (where proven) holds."""
+    A, x0 = _linear_case()
+    with pytest.raises(wp.EnclosureError, match="max_per_step"):
+        wp.enclose_field(LinearField(A), x0, 1.0, max_per_step=7)
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, max_per_step=8)
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err <= enc.radius.numpy()).all()
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), C=st.sampled_from([4, 6]), scale=st.floats(0.3, 3.0), use_mlp=st.booleans())
+def test_lipschitz_and_curvature_hold_on_random_blocks(seed, C, scale, use_mlp):
+    """Property over random blocks and states: ||J_F(y)|| <= lipschitz(v) (exact 2-norm of the Jacobian taken by
+    autograd) and ||J_F(y) - J_F(z)|| <= curvature(v) max_i ||y_i - z_i|| for a nearby z (v: the variance floor
+    of the segment, taken over samples of it with a 10% margin)."""
+    blk = _block(C=C, heads=2, seed=seed, use_mlp=use_mlp)
+    H, W = 2, 2
+    k = ln.field_constants(blk, H, W)
+    g = torch.Generator().manual_seed(seed)
+    y = scale * torch.randn(1, H, W, C, generator=g, dtype=D)
+    z = y + 0.01 * scale * torch.randn(1, H, W, C, generator=g, dtype=D)
+    seg = torch.stack([y + s * (z - y) for s in torch.linspace(0, 1, 11, dtype=D)])
+    v = float(seg.var(-1, unbiased=False).min()) * 0.9
+    f = lambda x: blk.vector_field(x.reshape(1, H, W, C)).reshape(-1)
+    Jy, Jz = (torch.func.jacfwd(f)(x.reshape(-1)).numpy() for x in (y, z))
+    assert np.linalg.norm(Jy, 2) <= k.lipschitz(v)
+    assert np.linalg.norm(Jy - Jz, 2) <= k.curvature(v) * float((y - z).norm(dim=-1).max())

@@ -254,3 +254,78 @@ def test_aposteriori_certificate_with_a_too_small_constant_reports_violations(on
     images = torch.randn(1, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     bad = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, lipschitz=-30.0)
     assert bad["violations"] > 0 and bad["L"] == -30.0
+
+
+def test_upper_sum_is_the_closed_form_gronwall_integral():
+    """Constant defect d, constant L: B(t) = d (e^{L t} - 1) / L exactly, on a non-uniform grid."""
+    grid = torch.tensor([0.0, 0.1, 0.35, 0.4, 1.0, 1.7], dtype=D)
+    for L, d in ((2.0, 0.3), (-1.5, 0.7), (0.01, 1.0)):
+        got = wp._upper_sum(torch.full((6,), d, dtype=D), grid, L)
+        want = d * np.expm1(L * grid.numpy()) / L
+        assert np.allclose(got.numpy(), want, rtol=1e-13, atol=0), (L, got, want)
+    # a defect only on the last interval [1.0, 1.7]: the larger endpoint value, integrated from 1.0 on
+    delta = torch.tensor([0, 0, 0, 0, 0, 2.0], dtype=D)
+    got = wp._upper_sum(delta, grid, 3.0)
+    assert float(got[4]) == 0.0 and abs(float(got[5]) - 2.0 * math.expm1(3.0 * 0.7) / 3.0) <= 1e-13
+    # a defect on the first interval only, then carried: B(t) = d tau1 phi e^{L (t - tau1)}
+    delta = torch.tensor([0.5, 0, 0, 0, 0, 0], dtype=D)
+    got = wp._upper_sum(delta, grid, 3.0)
+    first = 0.5 * math.expm1(0.3) / 3.0
+    assert np.allclose(got[1:].numpy(), first * np.exp(3.0 * (grid[1:].numpy() - 0.1)), rtol=1e-13)
+
+
+def test_quartic_fit_slope_error_covers_noisy_samples():
+    """Samples of a quartic with a perturbation r: the fitted derivative is within slope_err of the true one."""
+    x = torch.linspace(0, 1, 9, dtype=D)
+    c = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7], dtype=D)
+    g = torch.Generator().manual_seed(0)
+    for r in (1e-6, 1e-3):
+        noise = r * (2 * torch.rand(9, 3, generator=g, dtype=D) - 1)
+        Y = sum(c[k] * x ** k for k in range(5))[:, None] + noise
+        coef, slope_err = wp._quartic_fit(x, Y)
+        s = torch.linspace(0, 1, 101, dtype=D)
+        fit = sum(k * coef[k][None] * s[:, None] ** (k - 1) for k in range(1, 5))
+        true = sum(k * c[k] * s ** (k - 1) for k in range(1, 5))[:, None]
+        worst = float((fit - true).abs().max())
+        assert worst <= slope_err, (r, worst, slope_err)
+        assert slope_err <= 1e6 * r  # and not absurd
+
+
+def test_convergence_summary_recovers_known_orders():
+    """Synthetic runs with error = 2 tol^0.8 (adaptive) and 3 h^4 (fixed): the fitted slopes are these exponents,
+    runs below floor_factor * reference error are left out of the fit."""
+    runs = [dict(method="dopri5", tol=t, steps=None, error=2 * t ** 0.8) for t in (1e-2, 1e-4, 1e-6)]
+    runs.append(dict(method="dopri5", tol=1e-12, steps=None, error=1e-13))  # at the floor: not fitted
+    runs += [dict(method="rk4", tol=None, steps=n, step_size=1.0 / n, error=3 * (1.0 / n) ** 4) for n in (8, 16, 32)]
+    s = wp.convergence_summary(runs, reference_error=1e-14)
+    dp, rk = s["per_method"]["dopri5"], s["per_method"]["rk4"]
+    assert dp["kind"] == "adaptive" and abs(dp["slope"] - 0.8) < 1e-12 and dp["fitted_points"] == 3
+    assert abs(dp["orders_gained"] - math.log10(2 * 1e-2 ** 0.8 / 1e-13)) < 1e-12
+    assert rk["kind"] == "fixed" and abs(rk["slope"] - 4.0) < 1e-12
+    assert np.allclose(rk["order_per_halving"], [4.0, 4.0], atol=1e-12)
+    assert abs(s["slope"] - 0.8) < 1e-12 and s["tightest_tol"] == 1e-12 and s["max_error_at_tightest"] == 1e-13
+
+
+def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
+    """The reported bound recomputed here from the reported defect and L: the exact exponential integral
+    sum_j e^{L (t - t_{j+1})} max(d_j, d_{j+1}) (e^{L tau_j} - 1) / L plus safety times the half-grid change."""
+    model, layer = linear_model(seed=2)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    t, d, L = np.array(c["t"]), np.array(c["delta"][0]), c["L"]
+
+    def gronwall(t, d):
+        out = np.zeros(len(t))
+        for i in range(1, len(t)):
+            tau = t[1:i + 1] - t[:i]
+            dm = np.maximum(d[:i], d[1:i + 1])
+            out[i] = np.sum(dm * np.expm1(L * tau) / L * np.exp(L * (t[i] - t[1:i + 1])))
+        return out
+    fine, coarse = gronwall(t, d), gronwall(t[::2], d[::2])
+    change = np.abs(coarse - fine[::2])
+    want = fine.copy()
+    want[::2] += c["safety"] * change
+    want[1::2] += c["safety"] * np.maximum(change[:-1], change[1:])
+    assert np.allclose(c["bound"][0], want, rtol=1e-10, atol=1e-300)
+    assert c["max_delta"] == max(d) and 0 < c["rigorous_margin_max"] < math.inf
+    assert c["bound_t1"][0] == c["bound"][0][-1] and c["actual_t1"][0] == c["actual"][0][-1]
