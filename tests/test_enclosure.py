@@ -534,3 +534,20 @@ def test_lipschitz_and_curvature_hold_on_random_blocks(seed, C, scale, use_mlp):
     Jy, Jz = (torch.func.jacfwd(f)(x.reshape(-1)).numpy() for x in (y, z))
     assert np.linalg.norm(Jy, 2) <= k.lipschitz(v)
     assert np.linalg.norm(Jy - Jz, 2) <= k.curvature(v) * float((y - z).norm(dim=-1).max())
+
+
+def test_token_jacobians_without_layernorm_are_the_identity_and_the_mlp_jacobian():
+    """use_norm=False: D1 is the identity on every token, D2 the MLP's own Jacobian (autograd, per token)."""
+    from lipcheck.bounds import lognorm as ln
+    from lipcheck.models.vit import Block
+    torch.manual_seed(3)
+    blk = Block(6, 2, "ssog", use_norm=False, dtype=torch.float64)
+    y = torch.randn(2, 2, 3, 6, dtype=torch.float64)
+    D1, n1, D2 = ln.token_jacobians(blk, y, full=True)
+    assert D1.shape == (2, 6, 6, 6) and torch.equal(D1, torch.eye(6, dtype=torch.float64).expand(2, 6, 6, 6))
+    assert torch.equal(n1, torch.ones(2, 6, dtype=torch.float64))
+    x = y.reshape(2, 6, 6)
+    for b in range(2):
+        for i in range(6):
+            J = torch.autograd.functional.jacobian(blk.mlp, x[b, i])
+            assert torch.allclose(D2[b, i], J, rtol=1e-10, atol=1e-12)
