@@ -46,7 +46,12 @@ def device_name(device=None) -> str:
 def stamp(command: str | None = None, device=None) -> dict:
     """Who made this and how: command, commit, versions, device, date (UTC)."""
     if command is None:
-        command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+        prog = sys.argv[0] if sys.argv else ""
+        # an installed console script (`lipcheck probe`) is named as the user typed it, not by its absolute path
+        if prog and not prog.endswith(".py") and os.path.basename(prog) == "lipcheck":
+            command = " ".join(["lipcheck"] + [shlex.quote(a) for a in sys.argv[1:]])
+        else:
+            command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     return {
         "command": command,
         "commit": git_commit(),

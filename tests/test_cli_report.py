@@ -60,6 +60,13 @@ def test_report_is_stamped_atomic_and_indexed(tmp_path):
     assert not [p for p in tmp_path.rglob("*.tmp")]  # no temporary files left behind
 
 
+def test_stamp_names_the_command_as_typed(monkeypatch):
+    monkeypatch.setattr(report.sys, "argv", ["/opt/venv/bin/lipcheck", "probe", "--grid", "4x4"])
+    assert report.stamp()["command"] == "lipcheck probe --grid 4x4"
+    monkeypatch.setattr(report.sys, "argv", ["experiments/divergence.py", "--quick"])
+    assert report.stamp()["command"] == "python experiments/divergence.py --quick"
+
+
 def test_atomic_write_keeps_old_file_when_interrupted(tmp_path, monkeypatch):
     path = tmp_path / "r.md"
     report.atomic_write(path, "old")
