@@ -710,3 +710,49 @@ def test_lanczos_verified_theta_is_above_the_ritz_value():
     tv, _, kv = spectral.lanczos(lambda x: A @ x, v0, 40, verified=True)
     lam = float(np.linalg.eigvalsh(A.numpy()).max())
     assert k == kv and th <= tv <= th * (1 + 1e-9) and abs(th - lam) <= 1e-10 * lam
+
+
+def test_constant_modulus_symbol_needs_one_batch_of_svds():
+    """One head with a delta kernel: |c(w)| = |alpha| at every DFT frequency, so ||S(w)|| is the same everywhere.
+    After the first batch of anchors every other point's certified bound is within rtol of the best value, so
+    branch and bound retires them all without another SVD; the maximum is |alpha| ||P|| (40 digits)."""
+    layer = SSoG(4, 1, 1, dtype=F64)
+    g = torch.Generator().manual_seed(12)
+    layer.set_gaussian_params(torch.tensor([[0.8]], dtype=F64), torch.tensor([[(1, -2)]], dtype=F64),
+                              torch.full((1, 1, 2), SIGMA_FLOOR * 1.001, dtype=F64))
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
+        layer.o_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
+    p = spectral.ssog_params(layer)
+    m = spectral.circulant_bound(p, 8, 8)
+    ref = 0.8 * _mp_norm2(p.WV @ p.WO)
+    assert m.num_points == (15 * 15 + 1) // 2 and m.num_svd <= 4  # half the grid: f(-w) = f(w)
+    assert m.lower <= ref * (1 + 1e-12) and ref <= m.upper <= ref * (1 + 1e-9)
+
+
+def test_result_records_every_stage():
+    """The result's bookkeeping: one time per stage, and the circulant's attained value below its certified max."""
+    layer = random_layer(2, 2, 2, 2)
+    r = ssog_lipschitz(layer, 3, 3, rf_rtol=1e-3, seed=1)
+    stages = {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower", "upper_probabilistic"}
+    assert set(r.seconds) == stages and set(r.method) >= stages
+    assert all(v >= 0 for v in r.seconds.values())
+    c = r.info["circulant"]
+    assert c["lower"] <= r.circulant <= c["lower"] * (1 + 1e-8) and c["points"] == (5 * 5 + 1) // 2
+
+
+def test_exact_value_in_the_subnormal_range_is_rounded_up():
+    """W_V and W_O scaled by 2^-530 each (exact, still normal numbers): ||T|| = 2^-1060 ||T_0||, a subnormal.
+    The reported dense value is rounded up where it leaves the normal range, so it stays >= the true norm."""
+    base = random_layer(23, 2, 2, 2)
+    layer = random_layer(23, 2, 2, 2)
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(2.0 ** -530)
+        layer.o_proj.weight.mul_(2.0 ** -530)
+    r0 = ssog_lipschitz(base, 3, 2, resolution_free=False, seed=1)
+    r = ssog_lipschitz(layer, 3, 2, resolution_free=False, seed=1)
+    true = ref_norm(base, 3, 2) * 2.0 ** -1060
+    assert 0 < true < 2.2250738585072014e-308
+    assert r.exact >= true * (1 - 1e-9) and r.exact <= true * (1 + 1e-3)
+    assert r.upper >= true and r.lower <= true
+    assert r0.exact == pytest.approx(ref_norm(base, 3, 2), rel=1e-12)
