@@ -475,7 +475,7 @@ class SymbolNorm:
         s1, s2 = s[:, 0], (s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0]))
         v = anchor_verification(S, s1, u1, v1, s2)
         eS = self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
-        top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(6))
+        top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8))
         new = dict(c=c.to(self.cdt), s1=s1, t=t, Gu=Gu, Gv=Gv, eS=eS, top=top, **v)
         self.anchors.append(new)
         self._last_values = s1
@@ -489,7 +489,8 @@ class SymbolNorm:
         its u^ part, ||S(c)|| <= || [[|s1 + a| + rho_r, ||b|| + rho_b], [||r|| + rho_r, tau2 + ||Delta||]] ||_2.
         Rounding: the quadratic forms are inner products, |a| errs by <= e = ip D_F, ||b||^2 and ||r||^2 by
         <= 4 e D_F (D_F = sum_h |dc_h| F_h, D = ||Delta|| certified); the normalisation of u1, v1 (delta) adds
-        delta' (|a| + e) to |a| and 3 delta D^2 under the roots; the 2 x 2 norm gamma_6 relative.
+        delta' (|a| + e) to |a| and 3 delta D^2 under the roots; the 2 x 2 norm gamma_6 relative and the roundings
+        that formed its entries gamma_10.
         """
         dc = c.to(self.cdt)[:, None, :] - anchor["c"][None]  # (n, A, h)
         a = torch.einsum("nah,ah->na", dc, anchor["t"])
@@ -506,7 +507,8 @@ class SymbolNorm:
         r = (((bv - aa).clamp_min(0) + 4 * e * DF) * scale + under).sqrt() + anchor["rho_r"][None]
         pp = (anchor["s1"][None] + a).abs() + e + (scale - 1) * (a.abs() + e) + anchor["rho_r"][None]
         ss = anchor["tau2"][None] + dn
-        two = two_by_two_norm(pp, q, r, ss) * (1 + self.p.gamma(6))
+        # gamma_6 for the 2 x 2 formula, gamma_10 for the <= 10 roundings that formed its nonnegative entries
+        two = two_by_two_norm(pp, q, r, ss) * (1 + self.p.gamma(16))
         first_order = (anchor["top"][None] + dn) * (1 + self.p.gamma(2))
         return (torch.minimum(two, first_order) + anchor["eS"][None]).min(-1).values
 
