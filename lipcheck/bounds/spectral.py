@@ -351,24 +351,6 @@ def derivative_bounds(p: SSoGParams) -> torch.Tensor:
     return (k.abs() * g).sum(-1) * rel + tail, (k.square() * g).sum(-1) * rel + tail
 
 
-def symbol_and_gradient(p: SSoGParams, wy: torch.Tensor, wx: torch.Tensor):
-    """c_h(w) (n, h) and its gradient dc_h/dw (n, h, 2), the 1-D derivatives by autograd through gaussian.symbol."""
-    def one(w, ax):
-        # one omega per output entry, so the gradient of the sum is the elementwise derivative
-        om = w.detach()[:, None, None].expand(-1, *p.alpha.shape).clone().requires_grad_(True)
-        with torch.enable_grad():
-            g = gaussian.symbol(om, p.mu[..., ax], p.sigma[..., ax])
-            dre = torch.autograd.grad(g.real.sum(), om, retain_graph=True)[0]
-            dim = torch.autograd.grad(g.imag.sum(), om)[0]
-        return g.detach(), torch.complex(dre, dim)
-    gy, dgy = one(wy, 0)
-    gx, dgx = one(wx, 1)
-    a = p.alpha.to(gy.dtype)
-    c = (a * gy * gx).sum(-1)
-    J = torch.stack([(a * dgy * gx).sum(-1), (a * gy * dgx).sum(-1)], -1)
-    return c, J
-
-
 def two_by_two_norm(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """||[[p, q], [r, s]]||_2 = (hypot(p + s, q - r) + hypot(p - s, q + r)) / 2 for real entries: sums and
     hypot only, no cancellation against a trace, no overflow of squares. Relative error <= gamma_4 for
@@ -612,11 +594,11 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
                           anchors_per_round: int | None = None, progress: bool = False) -> tuple[SymbolMax, dict]:
     """Certified sup over the continuous torus of ||S(w)|| (S1): valid for every H, W at once.
 
-    Cells of the half torus wy in [0, pi], wx in [-pi, pi] (f(-w) = f(w)). On a cell with centre w0 and
-    half widths r, c(w) = c(w0) + J (w - w0) + R with |R_h| <= 1/2 sum_m |alpha| (D2y ry^2 + 2 D1y D1x ry rx
-    + D2x rx^2), Dj = sum_k |k|^j g(k) >= |ghat^(j)|. c -> ||S(c)|| is convex, so its max over the
-    linearised box is at one of the 4 corners: the cell bound is max_corners bound(c0 + J v) + ||S(R)||,
-    second order in r. Branch and bound: SVD anchors at the most promising centres, retire cells within
+    Cells of the half torus wy in [0, pi], wx in [-pi, pi] (f(-w) = f(w)). On a cell with half widths r,
+    c(w) = I(w) + R with I the bilinear interpolation of c between the cell's 4 corners (a convex combination
+    of the corner values) and |R_h| <= 1/2 sum_m |alpha| (D2y ry^2 + D2x rx^2), Dj = sum_k |k|^j g(k) >=
+    |ghat^(j)|. c -> ||S(c)|| is convex, so ||S(I(w))|| <= max over the corners: the cell bound is
+    max_corners bound(c_corner) + ||S(R + rounding)||, second order in r, with no derivative of the symbol. Branch and bound: SVD anchors at the most promising centres, retire cells within
     best (1 + rtol), split the others. Returns (SymbolMax, info); info['achieved_rtol'] says how tight it got.
     """
     q0 = normalised(p)
@@ -629,32 +611,23 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
 def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: int, max_cells: int,
                      max_rounds: int, anchors_per_round: int | None, progress: bool) -> tuple[SymbolMax, dict]:
     dt, dev = p.WV.dtype, p.WV.device
-    D1, D2 = derivative_bounds(p)  # (h, M, 2)
+    _, D2 = derivative_bounds(p)  # (h, M, 2): sup |ghat''| per axis
     A = p.alpha.abs()
     corners = torch.tensor([[-1, -1], [-1, 1], [1, -1], [1, 1]], dtype=dt, device=dev)
-    # rounding: c at the centres errs by eta_c, each 1-D derivative by eta_d per unit of |w - w0|
-    es = symbol_error(p)
-    eta_c = coefficient_error(p, es)  # (h,)
-    sig, cabs = p.sigma, torch.round(p.mu).abs()
-    ed = es * (cabs + 2 * gaussian.DIRECT_TERMS + 2 + 2 * sig + 2 * math.pi * sig.square())  # derivative errors
-    eta_d = torch.stack([(A * (ed[..., 0] * (1 + es[..., 1]) + es[..., 0] * D1[..., 1])).sum(1),
-                         (A * (ed[..., 1] * (1 + es[..., 0]) + es[..., 1] * D1[..., 0])).sum(1)], -1)  # (h, 2)
-    eta_d = eta_d * (1 + p.gamma(p.alpha.shape[1] + 3))
-    c_abs = A.sum(1)  # |c_h| <= sum |alpha| (|ghat| <= 1)
-    J_abs = torch.stack([(A * D1[..., 0]).sum(1), (A * D1[..., 1]).sum(1)], -1)  # |dc_h/dw| bounds
+    # rounding: every computed coefficient vector (centres and corners) errs by <= eta_c per head
+    eta_c = coefficient_error(p, symbol_error(p))  # (h,)
 
-    def remainder(r):  # (n, h): Taylor remainder of c_h over the cell, plus every rounding in c, J and the corners
+    def remainder(r):  # (n, h): bilinear-interpolation error of c_h over the cell, plus the corners' rounding
         ry, rx = r[:, :1, None], r[:, 1:, None]
-        q = D2[..., 0] * ry ** 2 + 2 * D1[..., 0] * D1[..., 1] * ry * rx + D2[..., 1] * rx ** 2
-        rr = r[:, None, :]
-        rounding = (eta_c[None] + (eta_d[None] * rr).sum(-1)
-                    + p.gamma(6) * (c_abs[None] + eta_c[None] + ((J_abs + eta_d)[None] * rr).sum(-1)))
-        return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + rounding
+        q = D2[..., 0] * ry ** 2 + D2[..., 1] * rx ** 2
+        return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + eta_c[None]
 
-    def cell_bounds(c, J, r, anchors=None):  # (n, 4) corner bounds (without the remainder)
-        pts = c[:, None, :] + (J[:, None, :, :] * (corners[None, :, None, :] * r[:, None, None, :])).sum(-1)
-        flat = pts.reshape(-1, pts.shape[-1])
-        return sn.bound(flat, anchors).reshape(-1, 4)
+    def corner_coefficients(w, r):  # (n, 4, h): c at the 4 corners of every cell
+        pts = (w[:, None, :] + corners[None] * r[:, None, :]).reshape(-1, 2)
+        return symbol_coefficients(p, pts[:, 0], pts[:, 1]).reshape(-1, 4, p.num_heads)
+
+    def cell_bounds(K, anchors=None):  # (n, 4) corner bounds (without the remainder)
+        return sn.bound(K.reshape(-1, K.shape[-1]), anchors).reshape(-1, 4)
 
     ny, nx = max(2, init_cells // 2), init_cells
     ry, rx = math.pi / (2 * ny), math.pi / nx
@@ -662,10 +635,10 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
     cx = -math.pi + (torch.arange(nx, dtype=dt, device=dev) + 0.5) * 2 * rx
     w = torch.stack(torch.meshgrid(cy, cx, indexing="ij"), -1).reshape(-1, 2)
     r = torch.tensor([[ry, rx]], dtype=dt, device=dev).expand(w.shape[0], 2).clone()
-    c, J = symbol_and_gradient(p, w[:, 0], w[:, 1])
-    _no_nan(c, "symbol coefficients"), _no_nan(J, "symbol gradients"), _no_nan(D2, "derivative bounds")
+    c, K = symbol_coefficients(p, w[:, 0], w[:, 1]), corner_coefficients(w, r)
+    _no_nan(c, "symbol coefficients"), _no_nan(K, "corner coefficients"), _no_nan(D2, "derivative bounds")
     cb = sn.bound(c)
-    kb = cell_bounds(c, J, r)
+    kb = cell_bounds(K)
     best, arg = 0.0, (0.0, 0.0)
     retired = 0.0
     rounds = 0
@@ -689,12 +662,12 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
             if float(vals[j]) > best:
                 best, arg = float(vals[j]), (float(w[pick[j], 0]), float(w[pick[j], 1]))
             cb = torch.minimum(cb, sn.bound(c, new))
-            kb = torch.minimum(kb, cell_bounds(c, J, r, new))
+            kb = torch.minimum(kb, cell_bounds(K, new))
         ub = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
         ok = ub <= best * (1 + rtol)
         if bool(ok.any()):
             retired = max(retired, float(ub[ok].max()))
-        w, r, c, J, cb, kb, ub = w[~ok], r[~ok], c[~ok], J[~ok], cb[~ok], kb[~ok], ub[~ok]
+        w, r, c, K, cb, kb, ub = w[~ok], r[~ok], c[~ok], K[~ok], cb[~ok], kb[~ok], ub[~ok]
         if w.shape[0] == 0:
             break
         # split cells whose bound is not explained by their centre (the cell is too wide)
@@ -707,11 +680,12 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
         ws, rs = w[split], r[split] / 2
         wn = (ws[:, None, :] + corners[None] * rs[:, None, :]).reshape(-1, 2)
         rn = rs[:, None, :].expand(-1, 4, -1).reshape(-1, 2)
-        cn, Jn = symbol_and_gradient(p, wn[:, 0], wn[:, 1])
+        cn, Kn = symbol_coefficients(p, wn[:, 0], wn[:, 1]), corner_coefficients(wn, rn)
+        _no_nan(cn, "symbol coefficients"), _no_nan(Kn, "corner coefficients")
         keep = ~split
         w, r = torch.cat([w[keep], wn]), torch.cat([r[keep], rn])
-        c, J = torch.cat([c[keep], cn]), torch.cat([J[keep], Jn])
-        cb, kb = torch.cat([cb[keep], sn.bound(cn)]), torch.cat([kb[keep], cell_bounds(cn, Jn, rn)])
+        c, K = torch.cat([c[keep], cn]), torch.cat([K[keep], Kn])
+        cb, kb = torch.cat([cb[keep], sn.bound(cn)]), torch.cat([kb[keep], cell_bounds(Kn)])
     bar.close()
     upper = max(retired, best)
     if w.shape[0]:
