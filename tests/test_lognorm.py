@@ -118,7 +118,7 @@ def test_rump_shift_formula():
     gn = 6 * u / (1 - 6 * u)
     eta = 2.0 ** -1074
     c = float(rounding.rump_shift(torch.tensor(10.0, dtype=D), 5, u, D))
-    assert c == pytest.approx(gn / (1 - 2 * gn) * 10 + 44 * eta, rel=1e-15)
+    assert c == pytest.approx(gn / (1 - 2 * gn) * 10 + 44 * eta, rel=1e-15, abs=0)
     assert math.isinf(float(rounding.rump_shift(torch.tensor(1.0, dtype=D), 2 ** 52, u, D)))
 
 
@@ -264,8 +264,8 @@ def test_structured_lognorm_margin_is_lemma_four():
     blk0 = _block(seed=6, use_mlp=False)
     k0 = ln.field_constants(blk0, H, W)
     n10, _ = ln.token_jacobians(blk0, y)
-    assert float(ln.structured_lognorm(blk0, k0, y, 0.25)) == pytest.approx(
-        k0.T_norm * float(n10.max()) * (1 + 8 * u * C) + 0.25, rel=1e-14)
+    # the margin (1 + 8 u C) is O(u): compared bit for bit, the float64 expression evaluated in the same order
+    assert float(ln.structured_lognorm(blk0, k0, y, 0.25)) == k0.T_norm * float(n10.max()) * (1 + 8 * u * C) + 0.25
 
 
 def test_ln_numbers_and_bad_norms():
@@ -282,3 +282,35 @@ def test_ln_numbers_and_bad_norms():
     assert ln._ln_numbers(plain, C, fk)[::2] == (1.0, 2.0)
     with pytest.raises(TypeError, match="LayerNorm"):
         ln._ln_numbers(torch.nn.BatchNorm1d(C), C, fk)
+
+
+def test_token_jacobians_of_layernorms_without_affine():
+    """LayerNorm(elementwise_affine=False): D1_i and D2_i against per-token autograd Jacobians, ||D1_i|| bound
+    1 / sqrt(var_i + eps) (max|gamma| = 1)."""
+    blk = _block(seed=8)
+    C = 4
+    blk.norm1 = torch.nn.LayerNorm(C, eps=1e-3, elementwise_affine=False, dtype=D)
+    blk.norm2 = torch.nn.LayerNorm(C, eps=2e-3, elementwise_affine=False, dtype=D)
+    y = torch.randn(1, 2, 1, C, generator=torch.Generator().manual_seed(9), dtype=D)
+    D1, n1, D2 = ln.token_jacobians(blk, y, full=True)
+    toks = y.reshape(-1, C)
+    for i, t in enumerate(toks):
+        assert torch.allclose(D1[0, i], torch.func.jacfwd(blk.norm1)(t), rtol=0, atol=1e-13)
+        assert torch.allclose(D2[0, i], torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t), rtol=0, atol=1e-12)
+        assert float(n1[0, i]) == pytest.approx(1 / math.sqrt(float(t.var(unbiased=False)) + 1e-3), rel=1e-14)
+
+
+def test_dense_jacobian_rounding_bound_is_lemma_four():
+    """err = 4 gamma_{C+64} (|| |T| ||_2 ||blockdiag D1||_F + ||blockdiag D2||_F), the per-token blocks taken by
+    autograd here (proofs/S5.md, Lemma 3's forming error)."""
+    blk = _block(seed=10)
+    H, W, C = 2, 1, 4
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(11), dtype=D)
+    dense = ln.DenseLogNorm(blk, H, W)
+    _, err = dense.jacobian(y)
+    g = (C + 64) * 2.0 ** -53 / (1 - (C + 64) * 2.0 ** -53)
+    for b in range(2):
+        toks = y[b].reshape(-1, C)
+        f1 = math.sqrt(sum(float(torch.func.jacfwd(blk.norm1)(t).square().sum()) for t in toks))
+        f2 = math.sqrt(sum(float(torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t).square().sum()) for t in toks))
+        assert float(err[b]) == pytest.approx(4 * g * (dense.T_abs_norm * f1 + f2), rel=1e-10, abs=0)
