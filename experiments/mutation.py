@@ -159,6 +159,8 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"exact = _scale_back\(s1, e2, up=None\)",
      "now killed by tests/test_bounds.py::test_exact_value_in_the_subnormal_range_is_rounded_up (added after this "
      "run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"SymbolNorm\.__init__", r"self\.ip = p\.gamma\(2 \* C \+ self\.d \+ [3-9] \* self\.h",
+     "loosens: the inner-product rounding margin of the anchor quantities a few u larger"),
 ]
 
 
