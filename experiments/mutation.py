@@ -161,6 +161,29 @@ SURVIVOR_REASONS = [
      "run, checked by applying the mutant by hand)"),
     ("lipcheck/bounds/spectral.py", r"SymbolNorm\.__init__", r"self\.ip = p\.gamma\(2 \* C \+ self\.d \+ [3-9] \* self\.h",
      "loosens: the inner-product rounding margin of the anchor quantities a few u larger"),
+    ("lipcheck/rounding.py", r"_real_gram|norm2_upper|rump_shift", r"\* \(m - 2\) \* n \* _eta|\(2 \* n \+ 2\) \* _eta|\(2 / n \+ 1\) \* _eta",
+     "equivalent at every tested scale: changes a multiple of the smallest subnormal number (~5e-324) in a margin "
+     "of a matrix scaled to entries in [1/2, 1); only products that underflow would tell them apart"),
+    ("lipcheck/rounding.py", r"_real_gram", r"torch\.cat\(\[A, \+B\], -1\)",
+     "equivalent: Cholesky (cholesky_ex) and eigvalsh read only the lower triangle, where the block is B; the "
+     "upper-right block's sign is never read"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"device=None\)",
+     "equivalent on a CPU-only machine: device=None means the default (CPU) device"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"X\.shape\[-2\] <= X\.shape\[-1\]",
+     "equivalent: for a square M it takes the Gram matrix of M^* instead of M, the same spectrum and the same "
+     "error bound (m = n)"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"torch\.as_tensor\(s, device=M\.device\)",
+     "equivalent: s is only the guess that the Cholesky certificate tests; its dtype changes no certified value"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"rel = [5-9] \* \(gamma",
+     "loosens: a larger first pad above the guess (by ~n^2 u relative), still certified"),
+    ("lipcheck/rounding.py", r"verified_lambda_max", r"4 / n \* u \* scale",
+     "changes only the first try's pad: whatever mu the Cholesky certificate accepts is a proven bound, and a "
+     "smaller pad gives an equal or tighter one (the tests bound it from both sides at 1e-9)"),
+    ("lipcheck/rounding.py", r"verified_lambda_max", r"val - 0\.0",
+     "equivalent: val - 0.0 and val + 0.0 are the same float for the positive or finite val here"),
+    ("lipcheck/rounding.py", r"verified_lambda_max", r"pad = pad / 10",
+     "now killed by tests/test_lognorm.py::test_verified_lambda_max_against_40_digits (a guess 1e-9 below the top "
+     "eigenvalue must be certified within a few tries; added after this run, checked by applying the mutant by hand)"),
 ]
 
 
