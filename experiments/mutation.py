@@ -351,6 +351,10 @@ def write(runs: dict, args, st: dict) -> None:
           "machine (a 2-core CPU shared with other jobs while it ran; see the stamp of each group in the JSON): "
           + ", ".join(f"{g} {r['seconds'] / 60:.1f} min ({r['run']} mutants)" for g, r in runs.items())
           + f"; {total / 60:.1f} min in all.", "",
+          "The code each group ran on (a group's numbers describe that commit; a group run before its module last "
+          "changed is out of date): " + ", ".join(
+              f"{g} at `{r.get('stamp', {}).get('commit', '?')}` ({r.get('stamp', {}).get('date', '?')})"
+              for g, r in runs.items()) + ".", "",
           f"Mutants per group: all when a group has at most `--max-mutants` of them, else a seeded random sample "
           f"of that many; the detected fraction of a sample estimates the whole module's (binomial standard "
           f"error sqrt(p(1-p)/n): 3 points at n = 100, 4 at n = 60, 5 at n = 40, for p = 0.9). Overall: {n_det} of {n_run} detected "
