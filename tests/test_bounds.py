@@ -739,6 +739,20 @@ def test_result_records_every_stage():
     assert all(v >= 0 for v in r.seconds.values())
     c = r.info["circulant"]
     assert c["lower"] <= r.circulant <= c["lower"] * (1 + 1e-8) and c["points"] == (5 * 5 + 1) // 2
+    rf = r.info["resolution_free"]  # an attained ||S(w*)|| below the certified sup, within the requested rtol
+    assert rf["symbol_sup_lower"] <= r.resolution_free <= rf["symbol_sup_lower"] * (1 + 1.01e-3)
+
+
+def test_probabilistic_bound_meets_its_target_gap():
+    """Without Gram iteration or a dense SVD the deterministic upper bound (circulant) is a few percent loose;
+    the adaptive Lanczos run must continue until its own bound is within target_gap of the lower bound."""
+    layer = random_layer(31, 2, 3, 2)
+    r = ssog_lipschitz(layer, 8, 8, resolution_free=False, exact_max=0, gram_max=0, target_gap=1e-3,
+                       max_steps=256, seed=4)
+    assert r.gap > 1e-3  # the deterministic bound alone does not meet the target here
+    assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20
+    exact = ref_norm(layer, 8, 8)
+    assert r.lower <= exact <= r.upper
 
 
 def test_exact_value_in_the_subnormal_range_is_rounded_up():
