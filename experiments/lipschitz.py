@@ -315,7 +315,7 @@ def edges_markdown(rows, two, lies) -> list[str]:
             "the planned stopping checks (union bound, proofs/S2.md). The kernel shifted off the grid has a norm "
             "below float64's range: its certified upper bound is a tiny positive number (the rounding margin), "
             "its lower bound 0, both true. Margins are those of the dtype used (see `margins` in the JSON: unit "
-            "roundoff, SVD backward error p(m,n) u with p = 8 m n, tap error).", "",
+            "roundoff, tap error; spectral norms verified by Cholesky, no SVD error model).", "",
             f"The 2 x 2 norm of [[1, 1e-9], [1e-9, 1]] (exact {two['exact']:.17g}): the hypot formula now used gives "
             f"{two['stable']:.17g}, the trace formula it replaced {two['trace_formula']:.17g} "
             f"(relative error {abs(two['trace_formula'] / two['exact'] - 1):.1e}: cancellation in tr^2 - 4 det^2).",

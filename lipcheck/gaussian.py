@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from .rounding import gamma, unit_roundoff  # noqa: F401  (re-exported: the kernel's margins use them)
+
 # Below this width the direct lattice sum is used, at or above it the Poisson (theta) series.
 SIGMA_SWITCH = 0.5
 # Direct sum: j in -DIRECT_TERMS..DIRECT_TERMS around round(mu). At sigma < 0.5 the first term left
@@ -32,17 +34,6 @@ SIGMA_SWITCH = 0.5
 DIRECT_TERMS = 7
 # Poisson sum: n in 1..POISSON_TERMS. At sigma >= 0.5 the first term left out is q^25 < exp(-123).
 POISSON_TERMS = 4
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """u = eps / 2: |fl(x op y) - x op y| <= u |x op y| for round-to-nearest."""
-    return torch.finfo(dtype).eps / 2
-
-
-def gamma(n: float, dtype: torch.dtype) -> float:
-    """gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, Lemma 3.1); inf when n u >= 1."""
-    nu = n * unit_roundoff(dtype)
-    return nu / (1 - nu) if nu < 1 else math.inf
 
 
 def _check_sigma(sigma: torch.Tensor) -> None:

@@ -78,4 +78,46 @@ ek = sorted(float(sp.re(sp.N(e))) for e in (KP.T * KP).subs(vals).eigenvals(mult
 check("eig((A kron B)^T (A kron B)) = products of eig(A^T A), eig(B^T B)",
       all(abs(u - v) < 1e-12 for u, v in zip(ek, sorted(p * r for p in ea for r in eb))))
 
+# Certification: the bilinear interpolation remainder. Linear interpolation on [a, b] (length h = 2r) has the Peano
+# kernel K(t, s) >= 0 with integral (t - a)(b - t)/2 <= h^2/8 = r^2/2 (symbolic), and f - I f = -int K f''.
+ta, tb, tt = sp.symbols("a b t", real=True)
+check("max_t (t - a)(b - t)/2 = (b - a)^2/8 at t = (a + b)/2",
+      sp.simplify(((tt - ta) * (tb - tt) / 2).subs(tt, (ta + tb) / 2) - (tb - ta) ** 2 / 8) == 0
+      and sp.simplify(sp.diff((tt - ta) * (tb - tt) / 2, tt).subs(tt, (ta + tb) / 2)) == 0)
+# numerically: for c(w) = sum_m alpha gy(y) gx(x) (complex, Gaussian symbols), |c - I c| <= r^2/2 sum |alpha| (D2y + D2x)
+import cmath  # noqa: E402
+import math  # noqa: E402
+import random as _random  # noqa: E402
+rng1 = _random.Random(1)
+
+
+def ghat(w, mu, sg, K=40):
+    z = sum(math.exp(-(k - mu) ** 2 / (2 * sg * sg)) for k in range(-K, K + 1))
+    return sum(math.exp(-(k - mu) ** 2 / (2 * sg * sg)) / z * cmath.exp(-1j * k * w) for k in range(-K, K + 1))
+
+
+def d2(mu, sg, K=40):
+    z = sum(math.exp(-(k - mu) ** 2 / (2 * sg * sg)) for k in range(-K, K + 1))
+    return sum(k * k * math.exp(-(k - mu) ** 2 / (2 * sg * sg)) / z for k in range(-K, K + 1))
+
+
+ok_i, worst_i = True, 0.0
+for _ in range(20):
+    comps = [(rng1.uniform(-2, 2), rng1.uniform(-3, 3), rng1.uniform(0.3, 2), rng1.uniform(-3, 3), rng1.uniform(0.3, 2))
+             for _ in range(2)]
+    f = lambda y, x: sum(al * ghat(y, my, sy) * ghat(x, mx, sx) for al, my, sy, mx, sx in comps)  # noqa: E731
+    R = sum(abs(al) * (d2(my, sy) + d2(mx, sx)) for al, my, sy, mx, sx in comps)
+    y0, x0, r = rng1.uniform(-3, 3), rng1.uniform(-3, 3), rng1.uniform(0.01, 0.5)
+    cs = {(sy_, sx_): f(y0 + sy_ * r, x0 + sx_ * r) for sy_ in (-1, 1) for sx_ in (-1, 1)}
+    for _ in range(10):
+        s_, t_ = rng1.random(), rng1.random()
+        interp = ((1 - s_) * (1 - t_) * cs[(-1, -1)] + (1 - s_) * t_ * cs[(-1, 1)] + s_ * (1 - t_) * cs[(1, -1)]
+                  + s_ * t_ * cs[(1, 1)])
+        err = abs(f(y0 + (2 * s_ - 1) * r, x0 + (2 * t_ - 1) * r) - interp)
+        bound = r * r / 2 * R
+        ok_i &= err <= bound * (1 + 1e-9) + 1e-14
+        worst_i = max(worst_i, err / bound)
+check(f"bilinear interpolation of a Gaussian symbol sum within r^2/2 sum|alpha| (D2y + D2x) (worst {worst_i:.2f} of it)",
+      ok_i)
+
 sys.exit(1 if failures else 0)

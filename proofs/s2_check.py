@@ -195,4 +195,60 @@ for trial in range(12):
     tight = max(tight, b / exact_norm - 1)
 check(f"float32 Gram recursion >= exact norm on 12 matrices (loosest {tight:.1e} relative)", ok and tight < 0.5)
 
+# ---------------------------------------------------------------- verified norms: what the Cholesky certificate rests on
+# the complex Gram matrix through its real embedding: [[A, -B], [B, A]] has the eigenvalues of A + iB, each twice
+a11, a22, b12r, b12i = sp.symbols("a11 a22 b12r b12i", real=True)
+lam_ = sp.symbols("lam")
+Gc = sp.Matrix([[a11, b12r + sp.I * b12i], [b12r - sp.I * b12i, a22]])
+Ar, Bi = Gc.applyfunc(sp.re), Gc.applyfunc(sp.im)
+R = sp.BlockMatrix([[Ar, -Bi], [Bi, Ar]]).as_explicit()
+check("real embedding: charpoly([[A,-B],[B,A]]) = charpoly(A + iB)^2",
+      sp.expand(R.charpoly(lam_).as_expr() - sp.expand(Gc.charpoly(lam_).as_expr() ** 2)) == 0)
+# the reported sqrt(mu + e_G) (1 + gamma_6) survives four roundings down: (1 + gamma_6)(1 - u)^4 >= 1
+for bits in (24, 53):
+    uu = sp.Rational(1, 2 ** bits)
+    check(f"(1 + gamma_6)(1 - u)^4 >= 1 at u = 2^-{bits}", (1 + 6 * uu / (1 - 6 * uu)) * (1 - uu) ** 4 >= 1)
+
+# anchor residuals: S v^ - s1 u^ = (S v1 - s1 u1)/||v1|| + s1 u1 (1/||v1|| - 1/||u1||)  (componentwise, any vectors)
+x_, u_, s1_, nu_, nv_ = sp.symbols("x u s1 nu nv", positive=True)
+check("anchor residual decomposition",
+      sp.simplify((x_ / nv_ - s1_ * u_ / nu_) - ((x_ - s1_ * u_) / nv_ + s1_ * u_ * (1 / nv_ - 1 / nu_))) == 0)
+# ||u^* Delta||^2 - |u^* Delta v^|^2 from the unnormalised forms bu = nu^2 P, aa = nu^2 nv^2 Q
+P_, Q_ = sp.symbols("P Q", nonnegative=True)
+bu_, aa_ = nu_ ** 2 * P_, nu_ ** 2 * nv_ ** 2 * Q_
+check("anchor off-diagonal: P - Q = (bu - aa)/nu^2 + aa (1 - 1/nv^2)/nu^2",
+      sp.simplify((P_ - Q_) - ((bu_ - aa_) / nu_ ** 2 + aa_ * (1 - 1 / nv_ ** 2) / nu_ ** 2)) == 0)
+# |1 - nv^2| <= delta (2 + delta) when |1 - nv| <= delta
+dl = sp.symbols("delta", positive=True)
+check("|1 - nv^2| <= delta (2 + delta) at nv = 1 + delta (equality) and nv = 1 - delta (slack 2 delta^2)",
+      sp.expand((1 + dl) ** 2 - 1 - dl * (2 + dl)) == 0 and sp.expand(dl * (2 + dl) - (1 - (1 - dl) ** 2)) == 2 * dl ** 2)
+
+
+# Gram-Ritz tail without an eigensolver, on exact rational symmetric matrices with known spectra
+def cayley(n0, rr):
+    K = sp.Matrix(n0, n0, lambda i, j: 0)
+    for i in range(n0):
+        for j in range(i + 1, n0):
+            K[i, j] = sp.Rational(rr.randint(-3, 3), rr.randint(1, 3))
+            K[j, i] = -K[i, j]
+    return (sp.eye(n0) - K) * (sp.eye(n0) + K).inv()  # rational orthogonal
+
+
+rr = random.Random(7)
+ok_tail, ok_top = True, True
+for _ in range(6):
+    m0 = 4
+    lam_s = [sp.Rational(rr.randint(-9, 30), rr.randint(1, 5)) for _ in range(m0)]
+    Qo = cayley(m0, rr)
+    Bm = Qo * sp.diag(*lam_s) * Qo.T
+    ev_sorted = sorted(lam_s, reverse=True)
+    L, nu0 = max(lam_s), max(0, -min(lam_s))
+    fro2 = sum(x ** 2 for x in Bm)
+    tail = sum(max(x, 0) ** 2 for x in ev_sorted[1:])
+    ok_tail &= tail >= fro2 - max(L, nu0) ** 2 - (m0 - 1) * nu0 ** 2
+    # ||N||^2 <= ||N||_F^2 - sum_{i>=2} max(lambda_i, 0)^2, whether the top |eigenvalue| is positive or negative
+    ok_top &= max(x ** 2 for x in lam_s) <= fro2 - tail
+check("interlacing tail: sum_{i>=2} max(l_i,0)^2 >= ||B||_F^2 - max(L,nu)^2 - (m-1) nu^2 (exact rationals)", ok_tail)
+check("||N||_2^2 <= ||N||_F^2 - sum_{i>=2} max(l_i,0)^2 with negative eigenvalues present (exact rationals)", ok_top)
+
 sys.exit(1 if failures else 0)

@@ -176,6 +176,18 @@ check("(1 + u)(1 + gamma_k) <= 1 + gamma_{k+1}: the difference is (k+1) u^2 / ((
 xg = sp.symbols("x_g", positive=True)
 check("1/(1 - x) - (1 + x) = x^2/(1 - x) >= 0 on [0, 1)", sp.simplify(1 / (1 - xg) - (1 + xg) - xg**2 / (1 - xg)) == 0)
 
+# The verified norm of A_hat: lambda_max(G) < mu and ||G - A^T A||_2 <= e_G give ||A||_2^2 < mu + e_G (Weyl);
+# exact rational instance: G = A^T A + E with a symmetric rational E, e_G = ||E||_F >= ||E||_2.
+A11 = sp.Matrix([[sp.Rational(3, 2), -1, 2], [sp.Rational(1, 3), 4, 0], [1, sp.Rational(-5, 4), sp.Rational(1, 7)]])
+E11 = sp.Matrix([[sp.Rational(1, 1000), sp.Rational(-1, 500), 0], [sp.Rational(-1, 500), 0, sp.Rational(1, 800)],
+                 [0, sp.Rational(1, 800), sp.Rational(-1, 900)]])
+G11 = A11.T * A11 + E11
+lmax = lambda M_: max(sp.re(sp.N(e_, 40)) for e_ in M_.eigenvals(multiple=True))  # noqa: E731
+mu11 = sp.Rational(int(lmax(G11) * 10 ** 6) + 1, 10 ** 6)  # a certified-looking mu just above lambda_max(G)
+eG11 = sp.sqrt(sum(x_**2 for x_ in E11))
+check("Weyl: lambda_max(G) < mu and ||G - A^T A|| <= e_G give ||A||^2 < mu + e_G (exact rational instance)",
+      lmax(A11.T * A11) < sp.N(mu11 + eG11, 40))
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

@@ -407,17 +407,20 @@ def test_overflowing_bound_refuses_instead_of_inf(names, scale, message):
 
 
 def test_unit_roundoff_and_gamma():
+    """The shared rounding constants (lipcheck.rounding): exact values, and half precisions refused by the bound."""
+    from lipcheck import rounding
     assert ab.unit_roundoff(torch.float64) == 2.0 ** -53 and ab.unit_roundoff(torch.float32) == 2.0 ** -24
     for dt in (torch.float16, torch.bfloat16, torch.int32):
         with pytest.raises(ValueError, match="dtype"):
-            ab.unit_roundoff(dt)
+            rounding.unit_roundoff(rounding.check_certified_dtype(dt))
+    with pytest.raises(ValueError, match="dtype"):
+        ab.attention_lipschitz_on_ball(DenseAttention(4, 2, dtype=F64), 1.0, 4, dtype=torch.float16)
     from fractions import Fraction as Fr
     u = 2.0 ** -24
     for n in (1, 7, 1000):
         exact = Fr(n) * Fr(u) / (1 - Fr(n) * Fr(u))
         assert abs(Fr(ab.gamma(n, u)) - exact) <= exact * Fr(2.0 ** -50)
-    with pytest.raises(ValueError, match="n u"):
-        ab.gamma(2 ** 24, u)
+    assert ab.gamma(2 ** 24, u) == math.inf  # n u = 1: no a-priori bound, and every caller refuses inf
 
 
 def test_layers_without_biases():

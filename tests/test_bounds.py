@@ -441,22 +441,22 @@ def test_nan_inside_the_computation_is_refused(monkeypatch):
     """A NaN in an intermediate symbol must end in ValueError, never be skipped by a max over cells or points."""
     layer = random_layer(13, 2, 2, 2, log_sigma=(0.0, 1.0))
     p = spectral.ssog_params(layer)
-    orig_sg, orig_ts = spectral.symbol_and_gradient, spectral.truncated_symbols
+    orig_sc, orig_ts = spectral.symbol_coefficients, spectral.truncated_symbols
 
-    def bad_sg(*a):
-        c, J = orig_sg(*a)
+    def bad_sc(*a):
+        c = orig_sc(*a).clone()
         c[-1, 0] = float("nan")
-        return c, J
+        return c
 
     def bad_ts(*a):
         gy, gx, wy, wx = orig_ts(*a)
         gy[1, 0, 0] = float("nan")
         return gy, gx, wy, wx
 
-    monkeypatch.setattr(spectral, "symbol_and_gradient", bad_sg)
+    monkeypatch.setattr(spectral, "symbol_coefficients", bad_sc)
     with pytest.raises(ValueError, match="NaN"):
         spectral.resolution_free_bound(p, rtol=1e-2)
-    monkeypatch.setattr(spectral, "symbol_and_gradient", orig_sg)
+    monkeypatch.setattr(spectral, "symbol_coefficients", orig_sc)
     monkeypatch.setattr(spectral, "truncated_symbols", bad_ts)
     with pytest.raises(ValueError, match="NaN"):
         spectral.circulant_bound(p, 4, 4)
@@ -558,3 +558,215 @@ def test_vector_field_with_attention_mixer():
     xa = ma.embed(torch.randn(1, 3, 32, 32, dtype=F64))
     ba = vector_field_lipschitz(ma, xa)
     assert jacobian_norm(lambda x: ma.vector_field(0.0, x), xa) <= ba.local_bound
+
+
+# ------------------------------------------------------------------ verified pieces: anchors, head norms, Gram-Ritz
+# A lying SVD or eigensolver must not make a lying bound: the guesses are perturbed on purpose and every
+# bound is compared with a 40-digit reference built here from the stored numbers.
+
+def _mp_norm2(M) -> float:
+    """||M||_2 at 40 digits from the stored entries (real or complex), rounded to the float just above."""
+    mpmath.mp.dps = 40
+    A = mpmath.matrix([[mpmath.mpc(complex(x)) for x in row] for row in M.tolist()])
+    val = mpmath.sqrt(max(mpmath.re(e) for e in mpmath.eighe(A.H * A, eigvals_only=True)))
+    return float(val)
+
+
+def _small_params(seed=0, heads=2, comps=2, head_dim=2, dtype=F64):
+    return spectral.ssog_params(random_layer(seed, heads, comps, head_dim, dtype=dtype), dtype=dtype)
+
+
+def _symbol_matrix(p, c):
+    """S(c) = sum_h c_h W_V,h W_O,h in complex128, assembled here."""
+    d = p.head_dim
+    WV, WO = p.WV.double(), p.WO.double()
+    return sum(complex(c[h]) * (WV[:, h * d:(h + 1) * d] @ WO[h * d:(h + 1) * d, :]).to(torch.complex128)
+               for h in range(p.num_heads))
+
+
+def test_anchor_verification_dominates_40_digit_residuals_even_for_wrong_guesses():
+    g = torch.Generator().manual_seed(4)
+    S = torch.complex(torch.randn(3, 4, 4, generator=g, dtype=F64), torch.randn(3, 4, 4, generator=g, dtype=F64))
+    U, s, Vh = torch.linalg.svd(S)
+    u1, v1 = U[..., :, 0], Vh[..., 0, :].conj()
+    exact = spectral.anchor_verification(S, s[:, 0], u1, v1, s[:, 1])
+    for i in range(3):  # an accurate SVD proves a tight anchor
+        assert float(exact["rho_r"][i]) < 1e-13 * float(s[i, 0]) and float(exact["rho_b"][i]) < 1e-13 * float(s[i, 0])
+        assert float(s[i, 1]) <= float(exact["tau2"][i]) <= float(s[i, 1]) * (1 + 1e-10) + 1e-13
+    # wrong guesses: vectors off by 1e-3, not unit, s1 and s2 too small
+    u_bad = u1 * 1.001 + 1e-3 * torch.randn(3, 4, generator=g, dtype=F64)
+    v_bad = v1 - 2e-3 * torch.randn(3, 4, generator=g, dtype=F64)
+    s1_bad, s2_bad = s[:, 0] * (1 - 1e-4), s[:, 1] * 0.5
+    v = spectral.anchor_verification(S, s1_bad, u_bad, v_bad, s2_bad)
+    for i in range(3):
+        nu, nv = float(u_bad[i].norm()), float(v_bad[i].norm())
+        uh, vh = u_bad[i] / nu, v_bad[i] / nv
+        assert float(v["delta"][i]) >= abs(1 - nu) + abs(1 - nv)
+        assert float(v["rho_r"][i]) >= _mp_norm2((S[i] @ vh - s1_bad[i] * uh)[:, None])
+        assert float(v["rho_b"][i]) >= _mp_norm2((S[i].mH @ uh - s1_bad[i] * vh)[:, None])
+        D = S[i] - s1_bad[i] * u_bad[i][:, None] * v_bad[i].conj()[None, :]
+        assert float(v["tau2"][i]) >= _mp_norm2(D)
+        assert float(v["rho_r"][i]) > 1e-5  # the wrong guess shows in the residual
+
+
+def _lying_svd(monkeypatch, rel=1e-3):
+    """torch.linalg.svd as the spectral module sees it, with its top singular triple perturbed."""
+    real_svd = torch.linalg.svd
+    g = torch.Generator().manual_seed(11)
+
+    def svd(A, *args, **kw):
+        U, s, Vh = real_svd(A, *args, **kw)
+        U, s, Vh = U.clone(), s.clone(), Vh.clone()
+        U[..., :, 0] += rel * torch.randn(U[..., :, 0].shape, generator=g, dtype=torch.float64).to(U.dtype)
+        s[..., 0] *= 1 - rel
+        if s.shape[-1] > 1:
+            s[..., 1] *= 0.5
+        return U, s, Vh
+    monkeypatch.setattr(spectral.torch.linalg, "svd", svd)
+
+
+@pytest.mark.parametrize("lie", [False, True])
+def test_anchor_bound_dominates_the_symbol_norm_and_is_second_order(monkeypatch, lie):
+    """SymbolNorm with SVD anchors: add_anchors and anchor_bound >= the 40-digit ||S(c)|| at the anchor, near it
+    and far from it, also when the SVD lies; with an honest SVD the excess is second order in the distance."""
+    p = _small_params(seed=3)
+    sn = spectral.SymbolNorm(p)
+    g = torch.Generator().manual_seed(2)
+    c0 = torch.complex(torch.randn(2, p.num_heads, generator=g, dtype=F64), torch.randn(2, p.num_heads, generator=g, dtype=F64))
+    if lie:
+        _lying_svd(monkeypatch)
+    top = sn.add_anchors(c0)
+    an = sn.all_anchors()
+    for i in range(2):
+        ref = _mp_norm2(_symbol_matrix(p, c0[i]))
+        assert float(top[i]) >= ref and (lie or float(top[i]) <= ref * (1 + 1e-12))
+    dirs = torch.complex(torch.randn(p.num_heads, generator=g, dtype=F64), torch.randn(p.num_heads, generator=g, dtype=F64))
+    excess = []
+    for t in (1e-1, 1e-2, 1e-3, 1.0, 10.0):
+        c = c0[:1] + t * dirs[None]
+        b = float(sn.bound(c, an)[0])
+        ref = _mp_norm2(_symbol_matrix(p, c[0]))
+        assert b >= ref, (t, b, ref)
+        excess.append((t, b / ref - 1))
+    if not lie:
+        small = dict(excess)
+        # second order: ten times closer, at least ~50 times tighter (down to the rounding floor)
+        assert small[1e-3] <= max(small[1e-2] / 50, 1e-12) and small[1e-2] <= max(small[1e-1] / 50, 1e-12)
+
+
+def test_head_norms_and_weight_norms_are_verified():
+    for dt in (F64, torch.float32):
+        p = _small_params(seed=5, heads=3, head_dim=2, dtype=dt)
+        got = spectral.head_norms(p)
+        d = p.head_dim
+        closed_ref = 0.0
+        for h in range(p.num_heads):
+            P = p.WV[:, h * d:(h + 1) * d].double() @ p.WO[h * d:(h + 1) * d, :].double()
+            ref = _mp_norm2(P)
+            assert float(got[h]) >= ref
+            assert float(got[h]) <= ref * (1 + (1e-12 if dt == F64 else 1e-5))
+            closed_ref += ref * float(p.alpha[h].double().abs().sum())
+        sn = spectral.SymbolNorm(p)
+        for val, W in ((sn.nWV, p.WV), (sn.nWO, p.WO)):
+            ref = _mp_norm2(W.double())
+            assert ref <= val <= ref * (1 + 1e-12)
+        closed = spectral.closed_form_bound(p)
+        assert closed_ref <= closed <= closed_ref * (1 + (1e-12 if dt == F64 else 1e-5))
+
+
+def test_gram_ritz_tightening_survives_a_lying_eigensolver(monkeypatch):
+    """gram_bound's interlacing step with a basis from a wrong eigensolver (random orthonormal vectors): still
+    >= the 40-digit norm; with clustered top singular values the honest run is within 1e-9 of it."""
+    g = torch.Generator().manual_seed(6)
+    Q1 = torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=F64)).Q
+    Q2 = torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=F64)).Q
+    sv = torch.cat([torch.tensor([2.0, 2.0 - 1e-9, 1.999, 1.99], dtype=F64), torch.rand(26, generator=g, dtype=F64)])
+    T = Q1 @ torch.diag(sv) @ Q2.T
+    ref = _mp_norm2(T)
+    b, _ = spectral.gram_bound(T)
+    assert ref <= b <= ref * (1 + 1e-9)
+    b0, k0 = spectral.gram_bound(T, ritz=1)  # no interlacing terms to subtract
+    assert ref <= b0
+    real_eigh = torch.linalg.eigh
+
+    class _E:
+        def __init__(self, vals, vecs):
+            self.eigenvalues, self.eigenvectors = vals, vecs
+
+    def lying_eigh(A, *a, **k):
+        r = real_eigh(A, *a, **k)
+        return _E(r.eigenvalues, torch.linalg.qr(torch.randn(A.shape, generator=g, dtype=A.dtype)).Q)
+    monkeypatch.setattr(spectral.torch.linalg, "eigh", lying_eigh)
+    b2, _ = spectral.gram_bound(T)
+    assert b2 >= ref
+
+
+def test_lanczos_verified_theta_is_above_the_ritz_value():
+    g = torch.Generator().manual_seed(8)
+    B = torch.randn(40, 40, generator=g, dtype=F64)
+    A = B.T @ B
+    v0 = torch.randn(40, generator=g, dtype=F64)
+    th, _, k = spectral.lanczos(lambda x: A @ x, v0, 40)
+    tv, _, kv = spectral.lanczos(lambda x: A @ x, v0, 40, verified=True)
+    lam = float(np.linalg.eigvalsh(A.numpy()).max())
+    assert k == kv and th <= tv <= th * (1 + 1e-9) and abs(th - lam) <= 1e-10 * lam
+
+
+def test_constant_modulus_symbol_needs_one_batch_of_svds():
+    """One head with a delta kernel: |c(w)| = |alpha| at every DFT frequency, so ||S(w)|| is the same everywhere.
+    After the first batch of anchors every other point's certified bound is within rtol of the best value, so
+    branch and bound retires them all without another SVD; the maximum is |alpha| ||P|| (40 digits)."""
+    layer = SSoG(4, 1, 1, dtype=F64)
+    g = torch.Generator().manual_seed(12)
+    layer.set_gaussian_params(torch.tensor([[0.8]], dtype=F64), torch.tensor([[(1, -2)]], dtype=F64),
+                              torch.full((1, 1, 2), SIGMA_FLOOR * 1.001, dtype=F64))
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
+        layer.o_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
+    p = spectral.ssog_params(layer)
+    m = spectral.circulant_bound(p, 8, 8)
+    ref = 0.8 * _mp_norm2(p.WV @ p.WO)
+    assert m.num_points == (15 * 15 + 1) // 2 and m.num_svd <= 4  # half the grid: f(-w) = f(w)
+    assert m.lower <= ref * (1 + 1e-12) and ref <= m.upper <= ref * (1 + 1e-9)
+
+
+def test_result_records_every_stage():
+    """The result's bookkeeping: one time per stage, and the circulant's attained value below its certified max."""
+    layer = random_layer(2, 2, 2, 2)
+    r = ssog_lipschitz(layer, 3, 3, rf_rtol=1e-3, seed=1)
+    stages = {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower", "upper_probabilistic"}
+    assert set(r.seconds) == stages and set(r.method) >= stages
+    assert all(v >= 0 for v in r.seconds.values())
+    c = r.info["circulant"]
+    assert c["lower"] <= r.circulant <= c["lower"] * (1 + 1e-8) and c["points"] == (5 * 5 + 1) // 2
+    rf = r.info["resolution_free"]  # an attained ||S(w*)|| below the certified sup, within the requested rtol
+    assert rf["symbol_sup_lower"] <= r.resolution_free <= rf["symbol_sup_lower"] * (1 + 1.01e-3)
+
+
+def test_probabilistic_bound_meets_its_target_gap():
+    """Without Gram iteration or a dense SVD the deterministic upper bound (circulant) is a few percent loose;
+    the adaptive Lanczos run must continue until its own bound is within target_gap of the lower bound."""
+    layer = random_layer(31, 2, 3, 2)
+    r = ssog_lipschitz(layer, 8, 8, resolution_free=False, exact_max=0, gram_max=0, target_gap=1e-3,
+                       max_steps=256, seed=4)
+    assert r.gap > 1e-3  # the deterministic bound alone does not meet the target here
+    assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20
+    exact = ref_norm(layer, 8, 8)
+    assert r.lower <= exact <= r.upper
+
+
+def test_exact_value_in_the_subnormal_range_is_rounded_up():
+    """W_V and W_O scaled by 2^-530 each (exact, still normal numbers): ||T|| = 2^-1060 ||T_0||, a subnormal.
+    The reported dense value is rounded up where it leaves the normal range, so it stays >= the true norm."""
+    base = random_layer(23, 2, 2, 2)
+    layer = random_layer(23, 2, 2, 2)
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(2.0 ** -530)
+        layer.o_proj.weight.mul_(2.0 ** -530)
+    r0 = ssog_lipschitz(base, 3, 2, resolution_free=False, seed=1)
+    r = ssog_lipschitz(layer, 3, 2, resolution_free=False, seed=1)
+    true = ref_norm(base, 3, 2) * 2.0 ** -1060
+    assert 0 < true < 2.2250738585072014e-308
+    assert r.exact >= true * (1 - 1e-9) and r.exact <= true * (1 + 1e-3)
+    assert r.upper >= true and r.lower <= true
+    assert r0.exact == pytest.approx(ref_norm(base, 3, 2), rel=1e-12)

@@ -21,6 +21,7 @@ import torch
 
 from ..mixers.attention import DenseAttention
 from .. import symbolic
+from ..rounding import check_certified_dtype, gamma, norm2_upper, unit_roundoff
 
 
 def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) -> dict:
@@ -56,25 +57,6 @@ def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) ->
                                            else torch.zeros(C, **fk)))
 
 
-def unit_roundoff(dtype) -> float:
-    """u = eps / 2 of the dtype the bound is computed in (float32 or float64; others are refused)."""
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64 for a certified bound, got {dtype} "
-                         f"(float16/bfloat16 leave no room for a rounding margin: pass dtype=torch.float64)")
-    return torch.finfo(dtype).eps / 2
-
-
-def gamma(n: int, u: float) -> float:
-    """gamma_n = n u / (1 - n u): |fl(sum of n products) - exact| <= gamma_n sum |products| (Higham, Lemma 3.1)."""
-    if n * u >= 1:
-        raise ValueError(f"n u = {n * u} >= 1: no a-priori rounding bound; compute in float64")
-    return n * u / (1 - n * u)
-
-
-# Backward error of the SVD behind torch.linalg.matrix_norm(ord=2): computed singular values lie within
-# SVD_CONSTANT * n * u * sigma_max of the exact ones (LAPACK's p(n) u ||M|| with p(n) = SVD_CONSTANT * n,
-# the same constant lipcheck.bounds.spectral uses; proofs/S4.md, "Rounding").
-SVD_CONSTANT = 32
 # Float64 roundings along any path of one head's contribution once the tensor norms are Python floats
 # (the margins of _head_norms: <= 8; the three terms: <= 12; the sum over heads: 1), rounded up to 24.
 # All quantities are >= 0, so k roundings change the result by a factor within 1 +- gamma_k.
@@ -86,30 +68,26 @@ def _frobenius_upper(M: torch.Tensor, u: float) -> float:
     return float(torch.linalg.vector_norm(M)) * (1 + gamma(M.numel() + 1, u))
 
 
-def _spectral_upper(M_hat: torch.Tensor, u: float) -> float:
-    """||M_hat||_2 <= sigma_hat / (1 - gamma_{SVD_CONSTANT n}) for the computed top singular value sigma_hat."""
-    if not bool(torch.isfinite(M_hat).all()):
-        return math.inf  # the product overflowed: the caller refuses, naming the weights
-    return float(torch.linalg.matrix_norm(M_hat, ord=2)) / (1 - gamma(SVD_CONSTANT * max(M_hat.shape), u))
-
-
 def _head_norms(layer: DenseAttention, *, dtype=torch.float64, device=None):
     """Certified upper bounds on the per-head ||A_h||_2, ||B_h||_2, ||c_h|| (Python floats), and sqrt(d).
 
     A_h = W_Q^h W_K^h^T is formed in `dtype` from the weights converted to `dtype` (one rounding each), so
     the computed A_hat differs from it entrywise by at most gamma_{d+2} |W_Q^h| |W_K^h|^T, and the converted
     factors' Frobenius norms are within a factor 1 + u of the originals': ||A_h - A_hat||_2 <=
-    gamma_{d+4} fl||W_Q^h||_F fl||W_K^h||_F; likewise for B_h and c_h = b_Q^h W_K^h^T. The SVD adds its
-    backward error. proofs/S4.md, "Rounding"."""
-    u = unit_roundoff(dtype)
+    gamma_{d+4} fl||W_Q^h||_F fl||W_K^h||_F; likewise for B_h and c_h = b_Q^h W_K^h^T. ||A_hat||_2 itself is
+    a verified upper bound (Cholesky of mu I - fl(A_hat^T A_hat)). proofs/S4.md, "Rounding"."""
+    u = unit_roundoff(check_certified_dtype(dtype))
     m = head_matrices(layer, dtype=dtype, device=device)
+    # ||A_hat||_2, ||B_hat||_2 of the stored products, verified by Cholesky (lipcheck.rounding.norm2_upper);
+    # a product that overflowed has inf entries and comes back inf (refused below, naming the weights)
+    sA, sB = norm2_upper(m["A"]).tolist(), norm2_upper(m["B"]).tolist()
     d = layer.head_dim
     gd = gamma(d + 4, u)
     nA, nB, nc = [], [], []
     for h in range(layer.num_heads):
         fQ, fK, fV, fO = (_frobenius_upper(m[k][h], u) for k in ("WQ", "WK", "WV", "WO"))
-        nA.append(_spectral_upper(m["A"][h], u) + gd * fQ * fK)
-        nB.append(_spectral_upper(m["B"][h], u) + gd * fV * fO)
+        nA.append(sA[h] + gd * fQ * fK)
+        nB.append(sB[h] + gd * fV * fO)
         nc.append(_frobenius_upper(m["c"][h], u) + gd * _frobenius_upper(m["bQ"][h], u) * fK)
     for name, vals, src in (("||A_h||", nA, "q_proj/k_proj"), ("||B_h||", nB, "v_proj/o_proj"),
                             ("||c_h||", nc, "q_proj.bias/k_proj")):

@@ -26,20 +26,12 @@ import math
 import torch
 from torch import nn
 
+from ..rounding import cholesky_certifies as _cholesky_certifies  # noqa: F401
+from ..rounding import gamma, norm2_upper, unit_roundoff, verified_lambda_max  # noqa: F401
+
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 GELU2_SUP = math.sqrt(2 / math.pi)  # sup |GELU''| = |phi(0) (2 - 0)| (proofs/s5_check.py checks it)
 LN_CURVATURE = 6.0  # ||D^2 xhat[u, u]|| <= 6 ||u||^2 / (sqrt(C) s^2), s^2 = var + eps (proofs/S5.md, Lemma 1)
-
-
-def gamma(n: int, u: float = U64) -> float:
-    """gamma_n = n u / (1 - n u): the classical bound on the relative error of an n-term dot product."""
-    if n * u >= 1:
-        return math.inf
-    return n * u / (1 - n * u)
-
-
-def unit_roundoff(dtype) -> float:
-    return torch.finfo(dtype).eps / 2
 
 
 @dataclasses.dataclass
@@ -92,9 +84,8 @@ class FieldConstants:
 
 
 def _op(w) -> float:
-    """||w||_2 rounded up by the SVD's backward error for w's shape and dtype (proofs/S2.md)."""
-    from .spectral import svd_relative_error
-    return float(torch.linalg.matrix_norm(w, ord=2)) * (1 + svd_relative_error(*w.shape, w.dtype)) if w.numel() else 0.0
+    """||w||_2 rounded up: verified by Cholesky (lipcheck.rounding.norm2_upper, proofs/S2.md)."""
+    return float(norm2_upper(w)) if w.numel() else 0.0
 
 
 def _ln_numbers(norm, C, fk):
@@ -168,54 +159,6 @@ def rounding_bounds(k: FieldConstants, y: torch.Tensor, v: float) -> tuple[torch
 
 # --------------------------------------------------------------------------------------- verified eigenvalues
 
-def verified_lambda_max(S: torch.Tensor, *, tries: int = 6, lam: torch.Tensor | None = None) -> torch.Tensor:
-    """Upper bounds on lambda_max of the exact symmetric matrices S (..., n, n) given in floating point.
-
-    lambda is from eigvalsh; it becomes a proof by Cholesky: if the floating-point Cholesky factorisation of
-    A - c I, A = fl(mu I - S), runs to completion with c >= gamma_{n+1} / (1 - 2 gamma_{n+1}) tr(A) + (diagonal
-    rounding of A), then mu I - S is positive definite, so lambda_max(S) < mu (Rump 2006, Lemma 3 in proofs/S5.md).
-    mu starts at lambda + 1e-12 ||S||_F and grows tenfold per failed try; inf where all tries fail."""
-    n = S.shape[-1]
-    u = unit_roundoff(S.dtype)
-    if lam is None:
-        lam = torch.linalg.eigvalsh(S)[..., -1]
-    scale = torch.linalg.matrix_norm(S).clamp_min(torch.finfo(S.dtype).tiny)
-    gn = gamma(n + 1, u)
-    alpha = gn / (1 - 2 * gn)
-    eye = torch.eye(n, dtype=S.dtype, device=S.device)
-    out = torch.full_like(lam, math.inf)
-    pad = 1e-12 * scale + 4 * n * u * scale
-    todo = torch.ones_like(lam, dtype=torch.bool)
-    for _ in range(tries):
-        mu = lam + pad
-        A = mu[..., None, None] * eye - S
-        diag = A.diagonal(dim1=-2, dim2=-1)
-        c = alpha * diag.abs().sum(-1) + u * (mu.abs() + S.diagonal(dim1=-2, dim2=-1).abs().amax(-1)) \
-            + 4 * (2 * n + 1) * torch.finfo(S.dtype).tiny
-        _, info = torch.linalg.cholesky_ex(A - c[..., None, None] * eye)
-        ok = (info == 0) & todo
-        out = torch.where(ok, mu * (1 + 2 * u) + 0.0, out)  # upward rounding of the reported float
-        todo = todo & ~ok
-        if not bool(todo.any()):
-            break
-        pad = pad * 10
-    return out
-
-
-def _cholesky_certifies(S, mu, u):
-    """(ok, mu rounded up): ok where fl-Cholesky of fl(mu I - S) - c I completes (so lambda_max(S) < mu)."""
-    n = S.shape[-1]
-    gn = gamma(n + 1, u)
-    dS = S.diagonal(dim1=-2, dim2=-1)
-    dA = mu[..., None] - dS  # the diagonal of A = mu I - S
-    c = gn / (1 - 2 * gn) * dA.abs().sum(-1) + u * (mu.abs() + dS.abs().amax(-1)) \
-        + 4 * (2 * n + 1) * torch.finfo(S.dtype).tiny
-    A = -S
-    A.diagonal(dim1=-2, dim2=-1).copy_(dA - c[..., None])
-    _, info = torch.linalg.cholesky_ex(A)
-    return info == 0, mu * (1 + 2 * u)
-
-
 # ------------------------------------------------------------------------------------------- point log-norms
 
 def dense_jacobian(block, y: torch.Tensor) -> torch.Tensor:
@@ -235,9 +178,7 @@ class DenseLogNorm:
         from .spectral import dense_operator, ssog_params
         p = ssog_params(block.mixer, dtype=dtype, device=device)
         self.block, self.T = block, dense_operator(p, H, W)
-        from .spectral import svd_relative_error
-        self.T_abs_norm = float(torch.linalg.matrix_norm(self.T.abs(), ord=2)) * (
-            1 + svd_relative_error(*self.T.shape, self.T.dtype))
+        self.T_abs_norm = float(norm2_upper(self.T.abs()))  # verified by Cholesky
         self.vec = None  # top eigenvectors (B, n) of the last eigen-solved point: Rayleigh quotients guess the next
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0

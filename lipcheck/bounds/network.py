@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import symbolic
 from . import spectral
+from ..rounding import norm2_upper
 
 VACUOUS = 1e3  # a global bound above this says nothing useful about an ODE on [0, 1]
 
@@ -75,9 +76,8 @@ def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exac
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} has non-finite entries; fix the weights before certifying")
     with spectral.single_thread():
-        # the SVD's backward error for each matrix's own shape and dtype (proofs/S2.md, rounding margins)
-        n1 = float(torch.linalg.matrix_norm(W1, ord=2)) * (1 + spectral.svd_relative_error(*W1.shape, dtype))
-        n2 = float(torch.linalg.matrix_norm(W2, ord=2)) * (1 + spectral.svd_relative_error(*W2.shape, dtype))
+        # verified by Cholesky for the weights as stored (rounding.norm2_upper, proofs/S2.md)
+        n1, n2 = float(norm2_upper(W1)), float(norm2_upper(W2))
     return n1 * symbolic.gelu_derivative_sup(variant) * n2
 
 

@@ -33,21 +33,12 @@ from typing import Callable
 
 import torch
 
-from .. import gaussian
+from .. import gaussian, rounding
+from ..rounding import norm2_upper
 
 KW_CONSTANT = 1.648  # Kuczynski & Wozniakowski (1992), Theorem 4.2: P(eps >= e) <= 1.648 sqrt(n) exp(-sqrt(e)(2q-1))
 # Lanczos checks its stopping rule every CHECK_EVERY steps; the failure probability is split over them.
 CHECK_EVERY = 10
-
-
-def svd_relative_error(m: int, n: int, dtype) -> float:
-    """Backward error of LAPACK's SVD / symmetric eigensolver on an m x n matrix: the computed singular
-    values are exact for A + E with ||E||_2 <= p(m, n) u ||A||_2 and the computed singular vectors are
-    within p(m, n) u of orthonormal ones (LAPACK Users' Guide 4.9, Higham Thm 19.4 for the Householder
-    reductions: gamma_{c m n}). We take p(m, n) = 8 m n; proofs/S2.md, 'rounding margins'."""
-    return gaussian.gamma(8 * max(int(m), 1) * max(int(n), 1), dtype)
-
-
 
 
 def _finite(x: float, what: str) -> float:
@@ -123,10 +114,10 @@ class SSoGParams:
 
     @property
     def u(self) -> float:
-        return gaussian.unit_roundoff(self.WV.dtype)
+        return rounding.unit_roundoff(self.WV.dtype)
 
     def gamma(self, n: float) -> float:
-        return gaussian.gamma(n, self.WV.dtype)
+        return rounding.gamma(n, self.WV.dtype)
 
     def head_projections(self) -> torch.Tensor:
         d = self.head_dim
@@ -204,7 +195,7 @@ def ssog_params(layer, *, dtype=torch.float64, device=None) -> SSoGParams:
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"layer parameter {name} overflows {dtype}; certify in float64")
     # reading float64 weights into float32 rounds each entry once (relative u): a perturbation of the operator
-    conv = 3 * gaussian.gamma(3, dtype) if torch.finfo(raw[0].dtype).bits > torch.finfo(dtype).bits else 0.0
+    conv = 3 * rounding.gamma(3, dtype) if torch.finfo(raw[0].dtype).bits > torch.finfo(dtype).bits else 0.0
     return SSoGParams(alpha, mu, sigma, WV, WO, conversion_error=conv)
 
 
@@ -284,18 +275,12 @@ def dense_error(p: SSoGParams, N: int) -> float:
 
 
 def head_norms(p: SSoGParams) -> torch.Tensor:
-    """Certified ||P_h||_2 >= the exact norm for every head; P_h = W_V,h W_O,h has rank d, so QR reduces it to a
-    d x d SVD. Margins: the SVD's backward error, the QRs' (gamma_{8 C d} ||W||_F each), the product R1 R2^T."""
-    d = p.head_dim
-    out = []
+    """Certified ||P_h||_2 >= the exact norm for every head: P_h = W_V,h W_O,h formed in the dtype (an inner
+    product of length d: entrywise error <= gamma_{d+2} |W_V,h| |W_O,h|, Frobenius <= gamma_{d+2} F_h), its norm
+    verified by Cholesky (rounding.norm2_upper), plus reading the weights into the dtype."""
     with single_thread():
-        for i in range(p.num_heads):
-            R1 = torch.linalg.qr(p.WV[:, i * d:(i + 1) * d]).R
-            R2 = torch.linalg.qr(p.WO[i * d:(i + 1) * d, :].T).R
-            out.append(torch.linalg.matrix_norm(R1 @ R2.T, ord=2))
-    s = torch.stack(out)
-    err = (2 * p.gamma(8 * p.dim * d) + p.gamma(d + 2) + p.conversion_error) * p.head_frobenius()
-    return s / (1 - svd_relative_error(d, d, p.WV.dtype)) + err
+        s = norm2_upper(p.head_projections()).to(p.WV.dtype)
+    return s * (1 + p.gamma(2)) + (p.gamma(p.head_dim + 2) + p.conversion_error) * p.head_frobenius()
 
 
 def _closed_form(q: SSoGParams) -> float:
@@ -366,29 +351,49 @@ def derivative_bounds(p: SSoGParams) -> torch.Tensor:
     return (k.abs() * g).sum(-1) * rel + tail, (k.square() * g).sum(-1) * rel + tail
 
 
-def symbol_and_gradient(p: SSoGParams, wy: torch.Tensor, wx: torch.Tensor):
-    """c_h(w) (n, h) and its gradient dc_h/dw (n, h, 2), the 1-D derivatives by autograd through gaussian.symbol."""
-    def one(w, ax):
-        # one omega per output entry, so the gradient of the sum is the elementwise derivative
-        om = w.detach()[:, None, None].expand(-1, *p.alpha.shape).clone().requires_grad_(True)
-        with torch.enable_grad():
-            g = gaussian.symbol(om, p.mu[..., ax], p.sigma[..., ax])
-            dre = torch.autograd.grad(g.real.sum(), om, retain_graph=True)[0]
-            dim = torch.autograd.grad(g.imag.sum(), om)[0]
-        return g.detach(), torch.complex(dre, dim)
-    gy, dgy = one(wy, 0)
-    gx, dgx = one(wx, 1)
-    a = p.alpha.to(gy.dtype)
-    c = (a * gy * gx).sum(-1)
-    J = torch.stack([(a * dgy * gx).sum(-1), (a * gy * dgx).sum(-1)], -1)
-    return c, J
-
-
 def two_by_two_norm(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """||[[p, q], [r, s]]||_2 = (hypot(p + s, q - r) + hypot(p - s, q + r)) / 2 for real entries: sums and
     hypot only, no cancellation against a trace, no overflow of squares. Relative error <= gamma_4 for
     nonnegative entries (proofs/S2.md)."""
     return (torch.hypot(p + s, q - r) + torch.hypot(p - s, q + r)) / 2
+
+
+def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1: torch.Tensor,
+                        s2: torch.Tensor) -> dict:
+    """What an SVD guess (s1, u1, v1, s2) of the stored matrices S (k, C, C) proves, in float64 (proofs/S2.md):
+
+    delta >= |1 - ||u1||| + |1 - ||v1|||, rho_r >= ||S v^ - s1 u^||, rho_b >= ||S^* u^ - s1 v^|| (u^ = u1 / ||u1||,
+    v^ = v1 / ||v1||), tau2 >= ||S - s1 u1 v1^*|| >= ||U2^* S V2|| for orthonormal completions U2 of u^, V2 of v^
+    (U2^* u1 = 0), the last verified by Cholesky. Entries are inf where the guess proves nothing."""
+    dt = s1.dtype
+    S, u1, v1, s1 = S.to(torch.complex128), u1.to(torch.complex128), v1.to(torch.complex128), s1.double()
+    C = S.shape[-1]
+    g = lambda n: rounding.gamma(n, torch.float64)  # noqa: E731
+    nu2, nv2 = u1.abs().square().sum(-1), v1.abs().square().sum(-1)
+    delta = (nu2 - 1).abs() + (nv2 - 1).abs() + g(2 * C + 4) * (nu2 + nv2)
+    delta = torch.where(delta < 0.1, delta, torch.full_like(delta, math.inf))
+    SF = S.abs().square().sum((-2, -1)).sqrt() * (1 + g(2 * C * C + 4))
+    nu, nv = (nu2 * (1 + g(2 * C + 4))).sqrt(), (nv2 * (1 + g(2 * C + 4))).sqrt()  # >= ||u1||, ||v1||
+    Rv = (S @ v1[..., None]).squeeze(-1) - s1[:, None] * u1
+    Ru = (S.mH @ u1[..., None]).squeeze(-1) - s1[:, None] * v1
+    # |fl(S v - s1 u) - (S v - s1 u)| <= gamma_{C+4} (|S| |v| + s1 |u|): in norm <= gamma_{C+4} (||S||_F ||v|| + s1 ||u||)
+    err = g(C + 4) * (SF * torch.maximum(nu, nv) + s1 * torch.maximum(nu, nv))
+    norm_up = lambda x: x.abs().square().sum(-1).sqrt() * (1 + g(2 * C + 4))  # noqa: E731
+    # S v^ - s1 u^ = (S v1 - s1 u1) / ||v1|| + s1 u1 (1 / ||v1|| - 1 / ||u1||): ||.|| <= (||Rv|| + s1 delta) / (1 - delta)
+    rho_r = ((norm_up(Rv) + err + s1 * delta) / (1 - delta)) * (1 + g(4))
+    rho_b = ((norm_up(Ru) + err + s1 * delta) / (1 - delta)) * (1 + g(4))
+    D = S - s1[:, None, None] * (u1[:, :, None] * v1.conj()[:, None, :])
+    # forming D: a complex product of three numbers and a difference per entry, gamma_6 of |S| + s1 |u1| |v1|^T
+    eD = g(6) * (SF + s1 * nu * nv)
+    tau2 = (norm2_upper(D, s=s2.double()) + eD) * (1 + g(2))
+    return {k: _up_to(torch.where(torch.isnan(v), math.inf, v), dt)
+            for k, v in dict(rho_r=rho_r, rho_b=rho_b, tau2=tau2, delta=delta).items()}
+
+
+def _up_to(x: torch.Tensor, dtype) -> torch.Tensor:
+    """x (float64, >= 0) in `dtype`, rounded up (a float32 conversion rounds to nearest)."""
+    y = x.to(dtype)
+    return torch.where(y.double() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
 
 
 class SymbolNorm:
@@ -405,11 +410,8 @@ class SymbolNorm:
         C = p.dim
         self.Pnorm = head_norms(p)  # (h,)
         self.F = p.head_frobenius()  # (h,)
-        self.svd_rel = svd_relative_error(C, C, p.WV.dtype)
         with single_thread():
-            fv, fo = float(p.WV.norm()), float(p.WO.norm())
-            self.nWV = float(torch.linalg.matrix_norm(p.WV, ord=2)) / (1 - self.svd_rel) + p.gamma(C * C) * fv
-            self.nWO = float(torch.linalg.matrix_norm(p.WO, ord=2)) / (1 - self.svd_rel) + p.gamma(C * C) * fo
+            self.nWV, self.nWO = (float(v) for v in norm2_upper(torch.stack([p.WV, p.WO])))
         self.sum_rel = p.gamma(self.h + 3)
         # rounding in the anchor quantities (inner products of length <= 2 C + d through the head blocks)
         self.ip = p.gamma(2 * C + self.d + 2 * self.h + 8)
@@ -430,14 +432,17 @@ class SymbolNorm:
         return self.delta_norm(c)
 
     def add_anchors(self, c: torch.Tensor) -> torch.Tensor:
-        """Exact SVDs at coefficient vectors c (k, h); stores what the anchor bound needs; returns a certified
-        upper bound on f(c) (k,): the computed s1 is exact for S + E, ||E|| <= svd_rel s1, and S itself was
-        formed with error <= gamma_{C+2} sum_h |c_h| F_h."""
+        """SVDs at coefficient vectors c (k, h); stores what the anchor bound needs; returns a certified upper
+        bound on f(c) (k,). The SVD's output is only a guess: with u1, v1 its top singular vectors as stored,
+        the residuals rho_r >= ||S v^ - s1 u^||, rho_b >= ||S^* u^ - s1 v^|| (u^ = u1 / ||u1||, v^ likewise) and
+        tau2 >= ||S - s1 u1 v1^*|| (verified by Cholesky) bound S in the basis (u^, u^-perp), (v^, v^-perp):
+        ||S|| <= ||[[s1 + rho_r, rho_b], [rho_r, tau2]]||. S itself was formed with error <= gamma_{C+2}
+        sum_h |c_h| F_h (eS). proofs/S2.md, 'anchor bound'."""
         S = self.matrix(c)
         with single_thread():
             U, s, Vh = torch.linalg.svd(S)
         self.num_svd += c.shape[0]
-        u1, v1 = U[..., :, 0], Vh[..., 0, :].conj()  # S v1 = s1 u1
+        u1, v1 = U[..., :, 0], Vh[..., 0, :].conj()  # S v1 ~ s1 u1
         d = self.d
         # rows u1^* P_h and columns P_h v1, via the head blocks of W_V and W_O
         uWV = (u1.conj()[:, None, :] @ self.WV[None]).squeeze(1)  # (k, C)
@@ -450,22 +455,24 @@ class SymbolNorm:
         Gu = torch.einsum("kac,kbc->kab", rows, rows.conj())  # <row_a, row_b>
         Gv = torch.einsum("kac,kbc->kab", cols.conj(), cols)
         s1, s2 = s[:, 0], (s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0]))
-        # E: the SVD's backward error plus the rounding of forming S(c)
-        eS = self.svd_rel * s1 / (1 - self.svd_rel) + self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
-        new = dict(c=c.to(self.cdt), s1=s1, s2=s2, t=t, Gu=Gu, Gv=Gv, eS=eS)
+        v = anchor_verification(S, s1, u1, v1, s2)
+        eS = self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
+        top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8))
+        new = dict(c=c.to(self.cdt), s1=s1, t=t, Gu=Gu, Gv=Gv, eS=eS, top=top, **v)
         self.anchors.append(new)
         self._last_values = s1
-        return s1 + eS
+        return top + eS
 
     def anchor_bound(self, c: torch.Tensor, anchor: dict) -> torch.Tensor:
         """Certified upper bound on f at coefficient vectors c (n, h) from a batch of anchors: min over them.
 
-        For one anchor (s1 >= s2 its top singular values, u1, v1): with Delta = S(c) - S(anchor),
-        a = u1^* Delta v1, b = u1^* Delta minus its v1 part, r = Delta v1 minus its u1 part,
-        ||S(c)|| <= || [[|s1 + a|, ||b||], [||r||, s2 + ||Delta||]] ||_2 (norm of the block-norm matrix).
-        Rounding: the singular vectors are within svd_rel of exact ones of S + E, the quadratic forms carry
-        inner-product errors; |a| errs by <= e = ip D_F + 2 svd_rel D, ||b||^2 and ||r||^2 by <= 4 e D_F,
-        with D = ||Delta|| (certified) and D_F = sum_h |dc_h| F_h; the 2 x 2 norm by gamma_4 relative.
+        For one anchor (u^, v^ its normalised singular vectors, rho_r, rho_b, tau2 from `anchor_verification`):
+        with Delta = S(c) - S(anchor), a = u1^* Delta v1, b = u^^* Delta minus its v^ part, r = Delta v^ minus
+        its u^ part, ||S(c)|| <= || [[|s1 + a| + rho_r, ||b|| + rho_b], [||r|| + rho_r, tau2 + ||Delta||]] ||_2.
+        Rounding: the quadratic forms are inner products, |a| errs by <= e = ip D_F, ||b||^2 and ||r||^2 by
+        <= 4 e D_F (D_F = sum_h |dc_h| F_h, D = ||Delta|| certified); the normalisation of u1, v1 (delta) adds
+        delta' (|a| + e) to |a| and 3 delta D^2 under the roots; the 2 x 2 norm gamma_6 relative and the roundings
+        that formed its entries gamma_10.
         """
         dc = c.to(self.cdt)[:, None, :] - anchor["c"][None]  # (n, A, h)
         a = torch.einsum("nah,ah->na", dc, anchor["t"])
@@ -473,14 +480,18 @@ class SymbolNorm:
         bv = torch.einsum("nai,aij,naj->na", dc.conj(), anchor["Gv"], dc).real  # ||Delta v1||^2
         dn = self.delta_norm(dc)
         DF = (dc.abs() * self.F).sum(-1) * (1 + self.sum_rel)
-        e = self.ip * DF + 2 * self.svd_rel * dn
+        delta = anchor["delta"][None]
+        e = self.ip * DF * (1 + delta).square()
         aa = a.abs().square()
-        q = ((bu - aa).clamp_min(0) + 4 * e * DF).sqrt()
-        r = ((bv - aa).clamp_min(0) + 4 * e * DF).sqrt()
-        pp = (anchor["s1"][None] + a).abs() + e
-        ss = anchor["s2"][None] + dn
-        two = two_by_two_norm(pp, q, r, ss) * (1 + self.p.gamma(6))
-        first_order = (anchor["s1"][None] + dn) * (1 + self.p.gamma(2))
+        scale = 1 / (1 - delta).square()
+        under = 3 * delta * dn.square()
+        q = (((bu - aa).clamp_min(0) + 4 * e * DF) * scale + under).sqrt() + anchor["rho_b"][None]
+        r = (((bv - aa).clamp_min(0) + 4 * e * DF) * scale + under).sqrt() + anchor["rho_r"][None]
+        pp = (anchor["s1"][None] + a).abs() + e + (scale - 1) * (a.abs() + e) + anchor["rho_r"][None]
+        ss = anchor["tau2"][None] + dn
+        # gamma_6 for the 2 x 2 formula, gamma_10 for the <= 10 roundings that formed its nonnegative entries
+        two = two_by_two_norm(pp, q, r, ss) * (1 + self.p.gamma(16))
+        first_order = (anchor["top"][None] + dn) * (1 + self.p.gamma(2))
         return (torch.minimum(two, first_order) + anchor["eS"][None]).min(-1).values
 
     def all_anchors(self) -> dict | None:
@@ -583,11 +594,11 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
                           anchors_per_round: int | None = None, progress: bool = False) -> tuple[SymbolMax, dict]:
     """Certified sup over the continuous torus of ||S(w)|| (S1): valid for every H, W at once.
 
-    Cells of the half torus wy in [0, pi], wx in [-pi, pi] (f(-w) = f(w)). On a cell with centre w0 and
-    half widths r, c(w) = c(w0) + J (w - w0) + R with |R_h| <= 1/2 sum_m |alpha| (D2y ry^2 + 2 D1y D1x ry rx
-    + D2x rx^2), Dj = sum_k |k|^j g(k) >= |ghat^(j)|. c -> ||S(c)|| is convex, so its max over the
-    linearised box is at one of the 4 corners: the cell bound is max_corners bound(c0 + J v) + ||S(R)||,
-    second order in r. Branch and bound: SVD anchors at the most promising centres, retire cells within
+    Cells of the half torus wy in [0, pi], wx in [-pi, pi] (f(-w) = f(w)). On a cell with half widths r,
+    c(w) = I(w) + R with I the bilinear interpolation of c between the cell's 4 corners (a convex combination
+    of the corner values) and |R_h| <= 1/2 sum_m |alpha| (D2y ry^2 + D2x rx^2), Dj = sum_k |k|^j g(k) >=
+    |ghat^(j)|. c -> ||S(c)|| is convex, so ||S(I(w))|| <= max over the corners: the cell bound is
+    max_corners bound(c_corner) + ||S(R + rounding)||, second order in r, with no derivative of the symbol. Branch and bound: SVD anchors at the most promising centres, retire cells within
     best (1 + rtol), split the others. Returns (SymbolMax, info); info['achieved_rtol'] says how tight it got.
     """
     q0 = normalised(p)
@@ -600,32 +611,23 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
 def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: int, max_cells: int,
                      max_rounds: int, anchors_per_round: int | None, progress: bool) -> tuple[SymbolMax, dict]:
     dt, dev = p.WV.dtype, p.WV.device
-    D1, D2 = derivative_bounds(p)  # (h, M, 2)
+    _, D2 = derivative_bounds(p)  # (h, M, 2): sup |ghat''| per axis
     A = p.alpha.abs()
     corners = torch.tensor([[-1, -1], [-1, 1], [1, -1], [1, 1]], dtype=dt, device=dev)
-    # rounding: c at the centres errs by eta_c, each 1-D derivative by eta_d per unit of |w - w0|
-    es = symbol_error(p)
-    eta_c = coefficient_error(p, es)  # (h,)
-    sig, cabs = p.sigma, torch.round(p.mu).abs()
-    ed = es * (cabs + 2 * gaussian.DIRECT_TERMS + 2 + 2 * sig + 2 * math.pi * sig.square())  # derivative errors
-    eta_d = torch.stack([(A * (ed[..., 0] * (1 + es[..., 1]) + es[..., 0] * D1[..., 1])).sum(1),
-                         (A * (ed[..., 1] * (1 + es[..., 0]) + es[..., 1] * D1[..., 0])).sum(1)], -1)  # (h, 2)
-    eta_d = eta_d * (1 + p.gamma(p.alpha.shape[1] + 3))
-    c_abs = A.sum(1)  # |c_h| <= sum |alpha| (|ghat| <= 1)
-    J_abs = torch.stack([(A * D1[..., 0]).sum(1), (A * D1[..., 1]).sum(1)], -1)  # |dc_h/dw| bounds
+    # rounding: every computed coefficient vector (centres and corners) errs by <= eta_c per head
+    eta_c = coefficient_error(p, symbol_error(p))  # (h,)
 
-    def remainder(r):  # (n, h): Taylor remainder of c_h over the cell, plus every rounding in c, J and the corners
+    def remainder(r):  # (n, h): bilinear-interpolation error of c_h over the cell, plus the corners' rounding
         ry, rx = r[:, :1, None], r[:, 1:, None]
-        q = D2[..., 0] * ry ** 2 + 2 * D1[..., 0] * D1[..., 1] * ry * rx + D2[..., 1] * rx ** 2
-        rr = r[:, None, :]
-        rounding = (eta_c[None] + (eta_d[None] * rr).sum(-1)
-                    + p.gamma(6) * (c_abs[None] + eta_c[None] + ((J_abs + eta_d)[None] * rr).sum(-1)))
-        return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + rounding
+        q = D2[..., 0] * ry ** 2 + D2[..., 1] * rx ** 2
+        return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + eta_c[None]
 
-    def cell_bounds(c, J, r, anchors=None):  # (n, 4) corner bounds (without the remainder)
-        pts = c[:, None, :] + (J[:, None, :, :] * (corners[None, :, None, :] * r[:, None, None, :])).sum(-1)
-        flat = pts.reshape(-1, pts.shape[-1])
-        return sn.bound(flat, anchors).reshape(-1, 4)
+    def corner_coefficients(w, r):  # (n, 4, h): c at the 4 corners of every cell
+        pts = (w[:, None, :] + corners[None] * r[:, None, :]).reshape(-1, 2)
+        return symbol_coefficients(p, pts[:, 0], pts[:, 1]).reshape(-1, 4, p.num_heads)
+
+    def cell_bounds(K, anchors=None):  # (n, 4) corner bounds (without the remainder)
+        return sn.bound(K.reshape(-1, K.shape[-1]), anchors).reshape(-1, 4)
 
     ny, nx = max(2, init_cells // 2), init_cells
     ry, rx = math.pi / (2 * ny), math.pi / nx
@@ -633,10 +635,10 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
     cx = -math.pi + (torch.arange(nx, dtype=dt, device=dev) + 0.5) * 2 * rx
     w = torch.stack(torch.meshgrid(cy, cx, indexing="ij"), -1).reshape(-1, 2)
     r = torch.tensor([[ry, rx]], dtype=dt, device=dev).expand(w.shape[0], 2).clone()
-    c, J = symbol_and_gradient(p, w[:, 0], w[:, 1])
-    _no_nan(c, "symbol coefficients"), _no_nan(J, "symbol gradients"), _no_nan(D2, "derivative bounds")
+    c, K = symbol_coefficients(p, w[:, 0], w[:, 1]), corner_coefficients(w, r)
+    _no_nan(c, "symbol coefficients"), _no_nan(K, "corner coefficients"), _no_nan(D2, "derivative bounds")
     cb = sn.bound(c)
-    kb = cell_bounds(c, J, r)
+    kb = cell_bounds(K)
     best, arg = 0.0, (0.0, 0.0)
     retired = 0.0
     rounds = 0
@@ -660,12 +662,12 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
             if float(vals[j]) > best:
                 best, arg = float(vals[j]), (float(w[pick[j], 0]), float(w[pick[j], 1]))
             cb = torch.minimum(cb, sn.bound(c, new))
-            kb = torch.minimum(kb, cell_bounds(c, J, r, new))
+            kb = torch.minimum(kb, cell_bounds(K, new))
         ub = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
         ok = ub <= best * (1 + rtol)
         if bool(ok.any()):
             retired = max(retired, float(ub[ok].max()))
-        w, r, c, J, cb, kb, ub = w[~ok], r[~ok], c[~ok], J[~ok], cb[~ok], kb[~ok], ub[~ok]
+        w, r, c, K, cb, kb, ub = w[~ok], r[~ok], c[~ok], K[~ok], cb[~ok], kb[~ok], ub[~ok]
         if w.shape[0] == 0:
             break
         # split cells whose bound is not explained by their centre (the cell is too wide)
@@ -678,11 +680,12 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
         ws, rs = w[split], r[split] / 2
         wn = (ws[:, None, :] + corners[None] * rs[:, None, :]).reshape(-1, 2)
         rn = rs[:, None, :].expand(-1, 4, -1).reshape(-1, 2)
-        cn, Jn = symbol_and_gradient(p, wn[:, 0], wn[:, 1])
+        cn, Kn = symbol_coefficients(p, wn[:, 0], wn[:, 1]), corner_coefficients(wn, rn)
+        _no_nan(cn, "symbol coefficients"), _no_nan(Kn, "corner coefficients")
         keep = ~split
         w, r = torch.cat([w[keep], wn]), torch.cat([r[keep], rn])
-        c, J = torch.cat([c[keep], cn]), torch.cat([J[keep], Jn])
-        cb, kb = torch.cat([cb[keep], sn.bound(cn)]), torch.cat([kb[keep], cell_bounds(cn, Jn, rn)])
+        c, K = torch.cat([c[keep], cn]), torch.cat([K[keep], Kn])
+        cb, kb = torch.cat([cb[keep], sn.bound(cn)]), torch.cat([kb[keep], cell_bounds(Kn)])
     bar.close()
     upper = max(retired, best)
     if w.shape[0]:
@@ -705,11 +708,12 @@ def kw_epsilon(n: int, steps: int, failure_probability: float) -> float:
 
 
 def lanczos(A: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, steps: int, *,
-            stop: Callable[[float, int], bool] | None = None, progress: bool = False):
+            stop: Callable[[float, int], bool] | None = None, progress: bool = False, verified: bool = False):
     """Lanczos with full reorthogonalisation on a symmetric PSD operator A.
 
-    Returns (theta_max, ritz_vector, steps_done). `stop(theta, j)` may end the run early.
-    """
+    Returns (theta_max, ritz_vector, steps_done). `stop(theta, j)` may end the run early. verified=True:
+    theta is a verified upper bound on the top eigenvalue of the computed tridiagonal (Cholesky), not the
+    eigensolver's value."""
     from tqdm.auto import tqdm
     n = v0.numel()
     Q = torch.empty(min(steps, n) + 1, n, dtype=v0.dtype, device=v0.device)
@@ -733,7 +737,9 @@ def lanczos(A: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, steps: 
             Tm = Tm + torch.diag(off, 1) + torch.diag(off, -1)
         with single_thread():
             ev, evec = torch.linalg.eigh(Tm)
-        theta, y = float(ev[-1]), evec[:, -1]
+            theta, y = float(ev[-1]), evec[:, -1]
+            if verified:
+                theta = float(rounding.verified_lambda_max(Tm, lam=ev[-1]))
         if b <= 1e-14 * max(abs(a), 1e-300) or j + 1 >= n:
             j += 1
             break
@@ -759,8 +765,9 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
         ||N_k||_2^2 <= f_{k+1} (||N_{k+1}||_2 + u' F_{k+1}) + (gamma_n + 2u) F_k^2,   u' = u / (1 - u),
         ||T||_2^2  <= f_0 (||N_0||_2 + u' F_0) + (gamma_m + 2u) ||T||_F^2,
     run backwards from b_K = F_K >= ||N_K||_2 or, at the last level, from the Cauchy-interlacing bound
-    ||N_K||_2^2 <= F_K^2 - sum_{i=2..m} mu_i^2 with Ritz values mu_i made safe for the nonorthogonality of the
-    computed basis (Ostrowski) and the eigensolver's backward error. proofs/S2.md, 'Gram iteration'.
+    ||N_K||_2^2 <= F_K^2 - sum_{i=2..m} max(lambda_i(V^T N V), 0)^2 / (1 + eta)^2 for a computed basis V
+    (eta >= ||V^T V - I||: Ostrowski), the sum bounded below through ||V^T N V||_F and verified (Cholesky) upper
+    bounds on lambda_max and -lambda_min of V^T N V: no eigensolver is trusted. proofs/S2.md, 'Gram iteration'.
     """
     dt = T.dtype
     g = lambda k: gaussian.gamma(k, dt)  # noqa: E731
@@ -799,12 +806,20 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
                 V = torch.linalg.eigh(N).eigenvectors[:, -m:]
                 V = torch.linalg.qr(V).Q
                 I = torch.eye(m, dtype=dt, device=T.device)
-                eta = float((V.T @ V - I).norm()) + g(n) * m * 2
+                eta = float((V.T @ V - I).norm()) * (1 + g(m * m + 2)) + g(n) * m * 2
                 Mh = V.T @ N @ V
-                mu = torch.linalg.eigvalsh((Mh + Mh.T) / 2)
-            shift = 2 * g(n) * m * (1 + eta) * F[-1] + (svd_relative_error(m, m, dt) + u) * float(mu.abs().max())
-            safe = ((mu - shift) / (1 + eta)).clamp_min(0)
-            rest = F[-1] ** 2 - float(safe[:-1].square().sum()) * (1 - g(m + 2))
+                Mh = (Mh + Mh.T) / 2
+                # ||Mh - V^T N V||_F <= eB (two products of length n, |V| |N| |V| in Frobenius <= m (1 + eta) F)
+                eB = 2 * g(n + 2) * m * (1 + eta) * F[-1] * (1 + g(4))
+                lam1 = float(rounding.verified_lambda_max(Mh)) + eB  # >= lambda_1(V^T N V)
+                neg = max(float(rounding.verified_lambda_max(-Mh)) + eB, 0.0)  # >= -lambda_min(V^T N V)
+            fro = max(float(Mh.norm()) * (1 - g(m * m + 2)) - eB, 0.0)  # <= ||V^T N V||_F
+            # sum_{i=2..m} max(lambda_i(V^T N V), 0)^2 >= ||.||_F^2 - lambda_1^2 - (m - 1) neg^2; Ostrowski divides
+            # by (1 + eta)^2 to reach the orthonormal basis, Cauchy interlacing reaches N (proofs/S2.md)
+            tail = (fro ** 2 * (1 - g(4)) - max(lam1, neg) ** 2 * (1 + g(4))  # |lambda_1| <= max(lam1, neg)
+                    - (m - 1) * neg ** 2 * (1 + g(4)))
+            tail = max(tail, 0.0) / (1 + eta) ** 2 * (1 - g(4)) if eta < 1 and math.isfinite(tail) else 0.0
+            rest = F[-1] ** 2 * (1 + g(2)) - tail
             ritz_b = math.sqrt(max(rest, 0.0)) * (1 + g(4))
             break
         G = N @ N
@@ -911,8 +926,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     dense_err = dense_error(q, N)
     margins = dict(dtype=str(dtype), unit_roundoff=q.u, log2_scale=e2, magnitude=_scale_back(B, e2, up=True),
                    dense_error=_scale_back(dense_err, e2, up=True),
-                   svd_relative_error_C=svd_relative_error(C, C, dtype),
-                   svd_relative_error_NC=svd_relative_error(n, n, dtype),
+                   spectral_norms="verified by Cholesky (rounding.norm2_upper), no SVD error model",
                    tap_relative_error=float(tap_error(q).max()), conversion_error=q.conversion_error)
 
     t = time.perf_counter()
@@ -957,9 +971,11 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
             s1 = _finite(float(torch.linalg.matrix_norm(dense, ord=2)), "dense SVD")
         exact = _scale_back(s1, e2, up=True)
         method["exact"] = "dense SVD"
-        # backward-stable SVD: s1 is exact for T + E, ||E|| <= svd_rel ||T||; with that margin and the error of
-        # the stored matrix the dense value is itself a certified upper bound
-        upper = min(upper, _scale_back(s1 / (1 - svd_relative_error(n, n, dtype)) + dense_err, e2, up=True))
+        # the SVD's value is a guess; Cholesky of mu I - fl(T^T T) proves ||T as stored|| <= it (rounding.norm2_upper),
+        # and dense_err covers the stored matrix's distance to T
+        with single_thread():
+            certified = float(norm2_upper(dense, s=torch.tensor(s1)))
+        upper = min(upper, _scale_back(_finite(certified, "verified dense norm") + dense_err, e2, up=True))
     else:
         reason = (f"N*C = {n} > exact_max = {exact_max}: the dense matrix would take "
                   f"{n * n * 8 / 2 ** 30:.1f} GiB in float64 and O((NC)^3) time")
@@ -1008,8 +1024,9 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
         v0 = torch.randn(1, H, W, C, generator=gen, dtype=dtype).to(q.WV.device)
         schedule = set(check_schedule(min(steps_cap, n)))
         delta_each = failure_probability / len(schedule)
-        # the Ritz value carries rounding: theta errs by <= (svd_rel(steps) + gamma_(2n)) B^2 (proofs/S2.md)
-        theta_err = lambda j: (svd_relative_error(j, j, dtype) + q.gamma(4 * n + 8)) * B ** 2  # noqa: E731
+        # theta is a verified upper bound on the top eigenvalue of the stored tridiagonal (Cholesky); the
+        # tridiagonal's own entries carry the rounding of the recurrence, <= gamma_(4n+8) B^2 (proofs/S2.md)
+        theta_err = lambda j: q.gamma(4 * n + 8) * B ** 2  # noqa: E731
 
         # where the dense value closed the upper bound, run Lanczos until the lower bound meets it too
         gap_goal = target_gap if exact is None else min(target_gap, 1e-8)
@@ -1025,7 +1042,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
             up = math.sqrt(max(theta + theta_err(j), 0.0) / (1 - eps))
             return (min(up, upper_n) / math.sqrt(max(theta, 1e-300)) - 1) <= gap_goal * 0.9
 
-        theta, v, steps = lanczos(A, v0, steps_cap, stop=stop, progress=progress)
+        theta, v, steps = lanczos(A, v0, steps_cap, stop=stop, progress=progress, verified=True)
         _finite(theta, "Lanczos Ritz value")
         lower = max(lower, lower_of(v))
         eps = kw_epsilon(n, steps, delta_each)

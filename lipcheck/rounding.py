@@ -1,0 +1,162 @@
+"""Floating-point rounding: unit roundoff, gamma_n, and spectral bounds verified by Cholesky (proofs/S2.md).
+
+The one home of every a-priori rounding constant and of the verified eigenvalue / spectral-norm bounds the
+certificates rest on. Nothing here trusts an eigensolver or an SVD: their outputs are only guesses, and a
+guess becomes a proof when a floating-point Cholesky factorisation of a shifted matrix runs to completion
+(Rump, BIT 46 (2006), after Demmel): if fl-Cholesky of A - c I completes for a symmetric floating-point A and
+
+    c >= gamma_{n+1} / (1 - 2 gamma_{n+1}) sum_i |A_ii| + (rounding of A's diagonal) + 4 (2n + 1) eta,
+
+then A is positive definite. Hence lambda_max(S) < mu when A = fl(mu I - S) passes (`cholesky_certifies`), and
+||M||_2^2 = lambda_max(M^* M) <= mu + e_G when fl(M^* M) passes with mu, e_G bounding the error of forming
+M^* M (`norm2_upper`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def unit_roundoff(dtype) -> float:
+    """u = eps / 2: |fl(x op y) - x op y| <= u |x op y| for round-to-nearest in `dtype`."""
+    if not dtype.is_floating_point and not dtype.is_complex:
+        raise ValueError(f"dtype {dtype} has no unit roundoff: pass a floating-point dtype")
+    return torch.finfo(dtype).eps / 2
+
+
+def gamma(n: float, u=torch.float64) -> float:
+    """gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, Lemma 3.1); u a float or a dtype.
+    inf once n u >= 1: no a-priori bound exists, and every caller refuses a non-finite margin."""
+    if not isinstance(u, float):
+        u = unit_roundoff(u)
+    nu = n * u
+    return nu / (1 - nu) if nu < 1 else math.inf
+
+
+def check_certified_dtype(dtype) -> torch.dtype:
+    """float32 or float64; half precisions leave no room for a rounding margin and are refused."""
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 for a certified bound, got {dtype} "
+                         f"(float16/bfloat16 leave no room for a rounding margin: pass dtype=torch.float64)")
+    return dtype
+
+
+def _eta(dtype) -> float:
+    """The smallest positive subnormal number: the absolute error of one underflowing operation."""
+    return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+
+
+def rump_shift(trace_abs: torch.Tensor, n: int, u: float, dtype) -> torch.Tensor:
+    """c = gamma_{n+1} / (1 - 2 gamma_{n+1}) sum_i |A_ii| + 4 (2n + 1) eta (Rump 2006, Cor. 2.4)."""
+    gn = gamma(n + 1, u)
+    if not gn < 0.5:
+        return torch.full_like(trace_abs, math.inf)
+    return gn / (1 - 2 * gn) * trace_abs + 4 * (2 * n + 1) * _eta(dtype)
+
+
+def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None):
+    """(ok, mu rounded up): ok where fl-Cholesky of fl(mu I - S) - c I completes, so lambda_max(S) < mu.
+
+    S (..., n, n) symmetric in floating point, mu (...,). The diagonal of fl(mu I - S) errs by <= u (|mu| +
+    max|S_ii|), which c adds to Rump's shift; the reported float is mu (1 + 2u) (upward rounding)."""
+    n = S.shape[-1]
+    u = unit_roundoff(S.dtype) if u is None else u
+    dS = S.diagonal(dim1=-2, dim2=-1)
+    dA = mu[..., None] - dS  # the diagonal of A = mu I - S
+    c = rump_shift(dA.abs().sum(-1), n, u, S.dtype) + u * (mu.abs() + dS.abs().amax(-1))
+    A = -S
+    A.diagonal(dim1=-2, dim2=-1).copy_(dA - c[..., None])
+    _, info = torch.linalg.cholesky_ex(A)
+    return (info == 0) & torch.isfinite(c), mu * (1 + 2 * u)
+
+
+def verified_lambda_max(S: torch.Tensor, *, tries: int = 6, lam: torch.Tensor | None = None) -> torch.Tensor:
+    """Upper bounds on lambda_max of the exact symmetric matrices S (..., n, n) given in floating point.
+
+    lam (default: eigvalsh) is a guess; `cholesky_certifies` makes it a proof at mu = lam + pad, the pad
+    starting at 1e-12 ||S||_F + 4 n u ||S||_F and growing tenfold per failed try; inf where all tries fail."""
+    n = S.shape[-1]
+    u = unit_roundoff(S.dtype)
+    if lam is None:
+        lam = torch.linalg.eigvalsh(S)[..., -1]
+    scale = torch.linalg.matrix_norm(S).clamp_min(torch.finfo(S.dtype).tiny)
+    out = torch.full_like(lam, math.inf)
+    pad = 1e-12 * scale + 4 * n * u * scale
+    todo = torch.ones_like(lam, dtype=torch.bool)
+    for _ in range(tries):
+        ok, val = cholesky_certifies(S, lam + pad, u)
+        ok = ok & todo
+        out = torch.where(ok, val + 0.0, out)
+        todo = todo & ~ok
+        if not bool(todo.any()):
+            break
+        pad = pad * 10
+    return out
+
+
+def _real_gram(M: torch.Tensor):
+    """(G, n', e_G, F2): G = sym(fl(M^* M)) as a real symmetric n' x n' matrix (complex G = A + iB embedded as
+    [[A, -B], [B, A]], the same eigenvalues twice), e_G >= ||G - M^* M||_2, F2 >= ||M||_F^2 (proofs/S2.md)."""
+    m, n = M.shape[-2:]
+    u = unit_roundoff(torch.float64)
+    F2 = M.abs().square().sum((-2, -1)) * (1 + gamma(m * n + 4, u))
+    G = M.mH @ M
+    G = (G + G.mH) / 2
+    # |fl(x^* y) - x^* y| <= gamma_{m+2} |x|^T |y| (complex; Higham 3.6), one more rounding in the symmetrisation,
+    # and underflow: <= 8 (m + 2) eta per entry; || |M|^T |M| ||_F <= ||M||_F^2
+    eG = gamma(m + 4, u) * F2 + 8 * (m + 2) * n * _eta(torch.float64)
+    if G.is_complex():
+        A, B = G.real, G.imag
+        G = torch.cat([torch.cat([A, -B], -1), torch.cat([B, A], -1)], -2)
+    return G, G.shape[-1], eG, F2
+
+
+def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 8) -> torch.Tensor:
+    """Verified upper bounds on ||M||_2 for the matrices M (..., m, n) as stored (real or complex, any float dtype).
+
+    Exact in float64 arithmetic (float32 and complex64 convert exactly); scaled by a power of two (exact) so that
+    M^* M neither overflows nor underflows. G = fl(M^* M) errs by <= e_G in norm; with mu certified by
+    `cholesky_certifies` (lambda_max(G) < mu), ||M||_2 <= sqrt(mu + e_G), rounded up. s: guesses of ||M||_2
+    (e.g. from an SVD already computed); default the top eigenvalue of G. inf where every try fails or M has
+    NaN/inf entries: callers refuse it."""
+    batch = M.shape[:-2]
+    if M.numel() == 0:
+        return torch.zeros(batch, dtype=torch.float64, device=M.device)
+    X = M.to(torch.complex128 if M.is_complex() else torch.float64)
+    if X.shape[-2] < X.shape[-1]:
+        X = X.mH  # ||M|| = ||M^*||: the Gram matrix on the smaller side
+    mx = float(X.abs().max())
+    if not math.isfinite(mx):
+        return torch.full(batch, math.inf, dtype=torch.float64, device=M.device)
+    if mx == 0.0:
+        return torch.zeros(batch, dtype=torch.float64, device=M.device)
+    e = math.frexp(mx)[1]
+    X = X * (2.0 ** -(e // 2)) * (2.0 ** -(e - e // 2))  # max |X| in [1/2, 1)
+    G, n, eG, F2 = _real_gram(X)
+    u = unit_roundoff(torch.float64)
+    def top(G):
+        return torch.linalg.eigvalsh(G)[..., -1].clamp_min(0)
+
+    if s is None:
+        lam = top(G)
+    else:
+        lam = (torch.as_tensor(s, dtype=torch.float64, device=M.device) * 2.0 ** -e).square()
+    # the pad clears Rump's shift (<= gamma_{n+1} n mu) and the guess's own error; it grows 16-fold per failure
+    rel = 4 * (gamma(n + 1, u) * n + 2 * n * u)
+    pad = rel * torch.maximum(lam, u * F2) + 16 * (2 * n + 1) * _eta(torch.float64)
+    out = torch.full(batch, math.inf, dtype=torch.float64, device=M.device)
+    todo = torch.ones(batch, dtype=torch.bool, device=M.device)
+    for i in range(tries):
+        if i == 1 and s is not None:  # the caller's guess failed: fall back to the eigensolver's
+            lam = torch.maximum(lam, top(G))
+            pad = torch.maximum(pad, rel * lam)
+        ok, mu = cholesky_certifies(G, lam + pad, u)
+        ok = ok & todo
+        out = torch.where(ok, (mu + eG).sqrt() * (1 + gamma(6, u)), out)
+        todo = todo & ~ok
+        if not bool(todo.any()):
+            break
+        pad = pad * 16
+    # scale back by 2^e: exact, or inf beyond the float64 range (refused by the callers)
+    return out * (2.0 ** (e // 2)) * (2.0 ** (e - e // 2))

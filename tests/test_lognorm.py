@@ -1,0 +1,320 @@
+"""lipcheck.bounds.lognorm and the verified spectral bounds it reads from lipcheck.rounding (proofs/S2.md,
+proofs/S5.md Lemmas 1-4): every constant against a value computed independently here (mpmath singular values
+and eigenvalues at 40 digits, autograd Jacobians, the lemmas' formulas), and deliberately wrong guesses
+that a verification must refuse."""
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lipcheck import rounding
+from lipcheck.bounds import lognorm as ln
+
+D = torch.float64
+mpmath.mp.dps = 40
+
+
+def _mp_norm2(M) -> mpmath.mpf:
+    """||M||_2 at 40 digits: sqrt of the top eigenvalue of M^* M, from the stored entries (exact conversion)."""
+    A = mpmath.matrix([[mpmath.mpc(complex(x)) for x in row] for row in M.tolist()])
+    G = A.H * A
+    return mpmath.sqrt(max(mpmath.re(e) for e in mpmath.eighe(G, eigvals_only=True)))
+
+
+def _mp_lambda_max(S) -> mpmath.mpf:
+    A = mpmath.matrix([[mpmath.mpf(float(x)) for x in row] for row in S.tolist()])
+    return max(mpmath.eigsy(A, eigvals_only=True))
+
+
+# ------------------------------------------------------------------ rounding: gamma_n, verified norms and eigenvalues
+
+def test_gamma_and_unit_roundoff_are_the_shared_constants():
+    assert rounding.unit_roundoff(torch.float64) == 2.0 ** -53 and rounding.unit_roundoff(torch.float32) == 2.0 ** -24
+    assert rounding.gamma(5, torch.float32) == rounding.gamma(5, 2.0 ** -24) == 5 * 2.0 ** -24 / (1 - 5 * 2.0 ** -24)
+    assert rounding.gamma(3) == 3 * 2.0 ** -53 / (1 - 3 * 2.0 ** -53)  # float64 by default
+    assert rounding.gamma(2 ** 53, torch.float64) == math.inf
+    with pytest.raises(ValueError, match="dtype"):
+        rounding.unit_roundoff(torch.int64)
+    # lognorm's and gaussian's names are the same objects: one implementation
+    from lipcheck import gaussian
+    assert ln.gamma is rounding.gamma is gaussian.gamma and ln.unit_roundoff is rounding.unit_roundoff
+    assert ln.verified_lambda_max is rounding.verified_lambda_max
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), m=st.integers(1, 7), n=st.integers(1, 7),
+       scale=st.sampled_from([1e-300, 1e-150, 1e-20, 1.0, 3e17, 1e150, 1e300]), cplx=st.booleans(),
+       f32=st.booleans())
+def test_norm2_upper_dominates_the_40_digit_norm_and_is_tight(seed, m, n, scale, cplx, f32):
+    """||M||_2 <= norm2_upper(M) <= ||M||_2 (1 + 1e-10) at every scale float64 holds, real and complex,
+    rectangular either way, float32 storage included (a float32 scale below its range is skipped)."""
+    g = torch.Generator().manual_seed(seed)
+    M = torch.randn(m, n, generator=g, dtype=D)
+    if cplx:
+        M = torch.complex(M, torch.randn(m, n, generator=g, dtype=D))
+    M = M * scale
+    if f32:
+        if not 1e-30 < scale < 1e30:
+            return
+        M = M.to(torch.complex64 if cplx else torch.float32)
+    got = float(rounding.norm2_upper(M))
+    ref = _mp_norm2(M)
+    assert mpmath.mpf(got) >= ref, (got, ref)
+    assert got <= float(ref) * (1 + 1e-10), (got, float(ref))
+
+
+def test_norm2_upper_batches_and_refuses_nonfinite():
+    g = torch.Generator().manual_seed(1)
+    M = torch.randn(3, 5, 4, generator=g, dtype=D) * torch.tensor([1e-3, 1.0, 1e3], dtype=D)[:, None, None]
+    got = rounding.norm2_upper(M)
+    for i in range(3):
+        ref = _mp_norm2(M[i])
+        assert mpmath.mpf(float(got[i])) >= ref and float(got[i]) <= float(ref) * (1 + 1e-10)
+    assert float(rounding.norm2_upper(torch.zeros(3, 2, dtype=D))) == 0.0
+    assert rounding.norm2_upper(torch.zeros(2, 0, 3, dtype=D)).shape == (2,)
+    bad = M.clone()
+    bad[1, 0, 0] = math.nan
+    assert torch.isinf(rounding.norm2_upper(bad)).all()  # never a number from NaN
+    # a wrong guess (far too small) is not trusted: the bound still dominates
+    s = torch.full((3,), 1e-6, dtype=D)
+    again = rounding.norm2_upper(M, s=s)
+    for i in range(3):
+        assert mpmath.mpf(float(again[i])) >= _mp_norm2(M[i])
+
+
+def test_norm2_upper_of_a_matrix_with_a_known_norm():
+    """diag(3, 4) rotated by exact rationals (3/5, 4/5): the norm is 4 exactly (up to the rounding of the
+    rotation's entries, which are not binary fractions: the 40-digit reference covers that)."""
+    Q = torch.tensor([[0.6, -0.8], [0.8, 0.6]], dtype=D)
+    M = Q @ torch.diag(torch.tensor([3.0, 4.0], dtype=D)) @ Q.T
+    got = float(rounding.norm2_upper(M))
+    assert mpmath.mpf(got) >= _mp_norm2(M) and abs(got - 4.0) < 1e-13
+    assert float(rounding.norm2_upper(torch.eye(7, dtype=D) * 2.0 ** -1000)) >= 2.0 ** -1000
+
+
+def test_cholesky_certifies_exactly_at_known_eigenvalues():
+    """S = diag(1, 2, 5) (exact): certified at mu slightly above 5, never at or below 5."""
+    S = torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=D))
+    u = 2.0 ** -53
+    for mu, want in ((5.0 + 1e-9, True), (5.0 * (1 + 1e-13), True), (5.0, False), (4.999, False), (2.0, False)):
+        ok, up = rounding.cholesky_certifies(S.clone(), torch.tensor(mu, dtype=D), u)
+        assert bool(ok) is want, mu
+        assert float(up) >= mu
+    # the margin: a shift smaller than Rump's c is refused even though mu I - S is positive definite
+    ok, _ = rounding.cholesky_certifies(S.clone(), torch.tensor(5.0 + 1e-17 * 5, dtype=D), u)
+    assert not bool(ok)
+    # S is not modified
+    ok, _ = rounding.cholesky_certifies(S, torch.tensor(6.0, dtype=D), u)
+    assert torch.equal(S, torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=D)))
+
+
+def test_rump_shift_formula():
+    """c = gamma_{n+1} / (1 - 2 gamma_{n+1}) tr|A| + 4 (2n + 1) eta, inf once gamma_{n+1} >= 1/2."""
+    u = 2.0 ** -53
+    gn = 6 * u / (1 - 6 * u)
+    eta = 2.0 ** -1074
+    c = float(rounding.rump_shift(torch.tensor(10.0, dtype=D), 5, u, D))
+    assert c == pytest.approx(gn / (1 - 2 * gn) * 10 + 44 * eta, rel=1e-15, abs=0)
+    assert math.isinf(float(rounding.rump_shift(torch.tensor(1.0, dtype=D), 2 ** 52, u, D)))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_verified_lambda_max_against_40_digits(seed):
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(3, 9, 9, generator=g, dtype=D)
+    S = (A + A.transpose(-1, -2)) / 2
+    got = rounding.verified_lambda_max(S)
+    for i in range(3):
+        ref = _mp_lambda_max(S[i])
+        assert mpmath.mpf(float(got[i])) >= ref and float(got[i]) <= float(ref) + 1e-9 * (1 + abs(float(ref)))
+    # a guess below the top eigenvalue: the pad grows tenfold per try until certified (here within 6 tries),
+    # still above and still close; too few tries: inf, not a number
+    low = torch.linalg.eigvalsh(S)[..., -1] - 1e-9
+    got2 = rounding.verified_lambda_max(S, lam=low)
+    for i in range(3):
+        ref = _mp_lambda_max(S[i])
+        assert math.isfinite(float(got2[i])) and mpmath.mpf(float(got2[i])) >= ref
+        assert float(got2[i]) <= float(ref) + 1e-6
+    assert torch.isinf(rounding.verified_lambda_max(S, lam=low - 10, tries=1)).all()
+
+
+# ------------------------------------------------------------------ lognorm: constants of the field
+
+def _consts(**kw):
+    base = dict(C=4, N=9, T_norm=2.0, T_abs=3.0, g1=1.5, g2=0.5, eps1=1e-2, eps2=4e-2, W1=1.25, W2=0.75,
+                W1_abs=2.0, W2_abs=1.0, gelu1=1.1, bias_norm=0.3, rho1=5.0, rho2=2.0, hidden=6)
+    base.update(kw)
+    return ln.FieldConstants(**base)
+
+
+def test_field_constants_lemmas_one_and_two():
+    """Lemma 1: ||J_LN|| <= g / sqrt(v + eps), curvature 6 g / (sqrt(C) (v + eps)); Identity: 1 and 0;
+    lipschitz = ||T|| l1 + Lip(MLP) l2, curvature = ||T|| k1 + Lip(MLP) k2 + ||W2|| sup|GELU''| ||W1||^2 l2^2.
+    LN1 and LN2 differ in every number, so a mix-up shows."""
+    k = _consts()
+    v = 0.09
+    l1, l2 = 1.5 / math.sqrt(v + 1e-2), 0.5 / math.sqrt(v + 4e-2)
+    k1, k2 = 6 * 1.5 / (2 * (v + 1e-2)), 6 * 0.5 / (2 * (v + 4e-2))
+    assert k.ln_jacobian(1, v) == pytest.approx(l1, rel=1e-15) and k.ln_jacobian(2, v) == pytest.approx(l2, rel=1e-15)
+    assert k.ln_curvature(1, v) == pytest.approx(k1, rel=1e-15) and k.ln_curvature(2, v) == pytest.approx(k2, rel=1e-15)
+    mlp = 0.75 * 1.1 * 1.25
+    assert k.mlp_lipschitz == pytest.approx(mlp, rel=1e-15)
+    assert k.lipschitz(v) == pytest.approx(2.0 * l1 + mlp * l2, rel=1e-14)
+    gelu2 = 2 / math.sqrt(2 * math.pi)  # sup |GELU''| = 2 phi(0)
+    assert ln.GELU2_SUP == pytest.approx(gelu2, rel=1e-15)
+    assert k.curvature(v) == pytest.approx(2.0 * k1 + mlp * k2 + 0.75 * gelu2 * 1.25 ** 2 * l2 ** 2, rel=1e-14)
+    # Identity norms (eps = inf): Jacobian I, no curvature
+    ki = _consts(eps1=math.inf, eps2=math.inf)
+    assert ki.ln_jacobian(1, v) == ki.ln_jacobian(2, v) == 1.0 and ki.ln_curvature(1, v) == ki.ln_curvature(2, v) == 0.0
+    assert ki.curvature(v) == pytest.approx(0.75 * gelu2 * 1.25 ** 2, rel=1e-14)
+    # eps = 0 at a zero variance floor: no finite constant (the Jacobian of LN is unbounded there)
+    k0 = _consts(eps1=0.0, eps2=0.0)
+    for which in (1, 2):
+        assert k0.ln_jacobian(which, 0.0) == math.inf and k0.ln_curvature(which, 0.0) == math.inf
+    assert k0.lipschitz(0.0) == math.inf and k0.curvature(0.0) == math.inf
+    assert k0.ln_curvature(1, 0.25) == pytest.approx(6 * 1.5 / (2 * 0.25), rel=1e-15)
+
+
+def test_op_is_a_verified_upper_bound():
+    g = torch.Generator().manual_seed(3)
+    for shape in ((5, 3), (3, 5), (6, 6)):
+        w = torch.randn(*shape, generator=g, dtype=D)
+        got = ln._op(w)
+        ref = _mp_norm2(w)
+        assert mpmath.mpf(got) >= ref and got <= float(ref) * (1 + 1e-12)
+    assert ln._op(torch.zeros(0, 4, dtype=D)) == 0.0
+
+
+def _block(C=4, heads=2, seed=0, use_mlp=True, **kw):
+    from lipcheck.models.vit import Block
+    torch.manual_seed(seed)
+    blk = Block(C, heads, "ssog", dtype=D, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(std=0.4)
+            p.requires_grad_(False)
+    return blk
+
+
+def _dense_T(block, H, W):
+    """The mixer without its bias is linear: its matrix by autograd, independent of lipcheck's dense operator."""
+    C = block.mixer.v_proj.in_features
+    f = lambda x: (block.mixer(x.reshape(1, H, W, C)) - block.mixer(torch.zeros(1, H, W, C, dtype=D))).reshape(-1)
+    return torch.func.jacfwd(f)(torch.zeros(H * W * C, dtype=D)).detach()
+
+
+def test_field_constants_norms_against_40_digits():
+    blk = _block(seed=2)
+    H, W = 2, 1
+    k = ln.field_constants(blk, H, W)
+    T = _dense_T(blk, H, W)
+    assert mpmath.mpf(k.T_norm) >= _mp_norm2(T)
+    assert mpmath.mpf(k.T_abs) >= _mp_norm2(T.abs())
+    w1, w2 = blk.mlp.fc1.weight.detach(), blk.mlp.fc2.weight.detach()
+    for got, ref in ((k.W1, w1), (k.W2, w2), (k.W1_abs, w1.abs()), (k.W2_abs, w2.abs())):
+        r = _mp_norm2(ref)
+        assert mpmath.mpf(got) >= r and got <= float(r) * (1 + 1e-12)
+    dense = ln.DenseLogNorm(blk, H, W)
+    r = _mp_norm2(dense.T.abs())
+    assert mpmath.mpf(dense.T_abs_norm) >= r and dense.T_abs_norm <= float(r) * (1 + 1e-12)
+    assert torch.allclose(dense.T, T, rtol=0, atol=1e-13)
+
+
+def test_dense_lognorm_jacobian_and_its_rounding_bound():
+    """J from the closed form equals the autograd Jacobian; its float32 evaluation differs from the float64 one
+    by less than the a-priori bound err; the point log-norm dominates the 40-digit eigenvalue."""
+    blk = _block(seed=4)
+    H, W, C = 2, 1, 4
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(5), dtype=D)
+    dense = ln.DenseLogNorm(blk, H, W)
+    J, err = dense.jacobian(y)
+    for b in range(2):
+        ref = torch.func.jacfwd(lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1))(y[b].reshape(-1))
+        assert torch.allclose(J[b], ref, rtol=0, atol=1e-12)
+    got = dense(y, 0.0)
+    for b in range(2):
+        S = (J[b] + J[b].T) / 2
+        lam = _mp_lambda_max(S)
+        assert mpmath.mpf(float(got[b])) >= lam and float(got[b]) <= float(lam) + 1e-6 * (1 + abs(float(lam)))
+    # float32: J computed in float32 against the float64 value, within err (computed for float32)
+    blk32 = _block(seed=4).float()
+    d32 = ln.DenseLogNorm(blk32, H, W, dtype=torch.float32)
+    J32, err32 = d32.jacobian(y.float())
+    for b in range(2):
+        assert float(torch.linalg.matrix_norm(J32[b].double() - J[b], 2)) <= float(err32[b])
+    assert (err32 > 0).all() and (err > 0).all() and (err < err32).all()
+
+
+def test_structured_lognorm_margin_is_lemma_four():
+    """The margin added to the per-token eigenvalues: gamma_{hidden + 2C + 16} ||W2||_abs ||W1||_abs sup|GELU'|
+    max ||D1_i|| C (proofs/S5.md, Lemma 4), on top of ||T|| max ||D1_i|| (1 + 8 u C) and eps_J."""
+    blk = _block(seed=6)
+    H, W, C = 2, 2, 4
+    k = ln.field_constants(blk, H, W)
+    y = torch.randn(1, H, W, C, generator=torch.Generator().manual_seed(7), dtype=D)
+    n1, D2 = ln.token_jacobians(blk, y)
+    u = 2.0 ** -53
+    lam = max(float(_mp_lambda_max((D2[0, i] + D2[0, i].T) / 2)) for i in range(H * W))
+    first = k.T_norm * float(n1.max()) * (1 + 8 * u * C)
+    form = (k.hidden + 2 * C + 16) * u / (1 - (k.hidden + 2 * C + 16) * u) * k.W2_abs * k.W1_abs * k.gelu1 * float(n1.max()) * C
+    got = float(ln.structured_lognorm(blk, k, y, 0.5))
+    assert got >= first + lam + form + 0.5
+    assert got == pytest.approx(first + lam + form + 0.5, rel=1e-9)
+    # no MLP: ||T|| max ||D1_i|| (1 + 8 u C) + eps_J only
+    blk0 = _block(seed=6, use_mlp=False)
+    k0 = ln.field_constants(blk0, H, W)
+    n10, _ = ln.token_jacobians(blk0, y)
+    # the margin (1 + 8 u C) is O(u): compared bit for bit, the float64 expression evaluated in the same order
+    assert float(ln.structured_lognorm(blk0, k0, y, 0.25)) == k0.T_norm * float(n10.max()) * (1 + 8 * u * C) + 0.25
+
+
+def test_ln_numbers_and_bad_norms():
+    C = 4
+    fk = dict(dtype=D, device=None)
+    assert ln._ln_numbers(torch.nn.Identity(), C, fk) == (1.0, math.inf, math.inf, 0.0)
+    norm = torch.nn.LayerNorm(C, eps=1e-3, dtype=D)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([0.5, -2.0, 1.0, 0.25], dtype=D))
+        norm.bias.copy_(torch.tensor([3.0, 0.0, 4.0, 0.0], dtype=D))
+    g, eps, rho, bn = ln._ln_numbers(norm, C, fk)
+    assert (g, eps, bn) == (2.0, 1e-3, 5.0) and rho == pytest.approx(2 * 2.0 + 5.0, rel=1e-15)
+    plain = torch.nn.LayerNorm(C, elementwise_affine=False, dtype=D)
+    assert ln._ln_numbers(plain, C, fk)[::2] == (1.0, 2.0)
+    with pytest.raises(TypeError, match="LayerNorm"):
+        ln._ln_numbers(torch.nn.BatchNorm1d(C), C, fk)
+
+
+def test_token_jacobians_of_layernorms_without_affine():
+    """LayerNorm(elementwise_affine=False): D1_i and D2_i against per-token autograd Jacobians, ||D1_i|| bound
+    1 / sqrt(var_i + eps) (max|gamma| = 1)."""
+    blk = _block(seed=8)
+    C = 4
+    blk.norm1 = torch.nn.LayerNorm(C, eps=1e-3, elementwise_affine=False, dtype=D)
+    blk.norm2 = torch.nn.LayerNorm(C, eps=2e-3, elementwise_affine=False, dtype=D)
+    y = torch.randn(1, 2, 1, C, generator=torch.Generator().manual_seed(9), dtype=D)
+    D1, n1, D2 = ln.token_jacobians(blk, y, full=True)
+    toks = y.reshape(-1, C)
+    for i, t in enumerate(toks):
+        assert torch.allclose(D1[0, i], torch.func.jacfwd(blk.norm1)(t), rtol=0, atol=1e-13)
+        assert torch.allclose(D2[0, i], torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t), rtol=0, atol=1e-12)
+        assert float(n1[0, i]) == pytest.approx(1 / math.sqrt(float(t.var(unbiased=False)) + 1e-3), rel=1e-14)
+
+
+def test_dense_jacobian_rounding_bound_is_lemma_four():
+    """err = 4 gamma_{C+64} (|| |T| ||_2 ||blockdiag D1||_F + ||blockdiag D2||_F), the per-token blocks taken by
+    autograd here (proofs/S5.md, Lemma 3's forming error)."""
+    blk = _block(seed=10)
+    H, W, C = 2, 1, 4
+    y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(11), dtype=D)
+    dense = ln.DenseLogNorm(blk, H, W)
+    _, err = dense.jacobian(y)
+    g = (C + 64) * 2.0 ** -53 / (1 - (C + 64) * 2.0 ** -53)
+    for b in range(2):
+        toks = y[b].reshape(-1, C)
+        f1 = math.sqrt(sum(float(torch.func.jacfwd(blk.norm1)(t).square().sum()) for t in toks))
+        f2 = math.sqrt(sum(float(torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t).square().sum()) for t in toks))
+        assert float(err[b]) == pytest.approx(4 * g * (dense.T_abs_norm * f1 + f2), rel=1e-10, abs=0)
