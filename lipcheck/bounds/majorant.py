@@ -408,7 +408,9 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     return MajorantBound(upper=sp._scale_back(upper, e, up=True), estimate=sp._scale_back(lam, e, up=False),
                          cells=int(w.shape[0]), anchors=sn.num_svd, rounds=rounds,
                          seconds=time.perf_counter() - t0, margin=sp._scale_back(margin, e, up=True),
-                         info=dict(symbol_max_upper=sp._scale_back(float((kb.max(-1).values + rho).max()), e, up=True),
+                         info=dict(cells=dict(centre=w, half_width=h, coefficients=bilinear_coefficients(kb, rho),
+                                              log2_scale=e),
+                                   symbol_max_upper=sp._scale_back(float((kb.max(-1).values + rho).max()), e, up=True),
                                    excess_estimate=sp._scale_back(
                                        float((mass * (kb.mean(-1) + rho - cb).clamp_min(0)).sum()), e, up=True)))
 
