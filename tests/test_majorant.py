@@ -184,3 +184,19 @@ def test_bad_grid_raises(H, W):
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError):
         mj.toeplitz_majorant_bound(params(*random_layer(rng, 1, 1, 2, 0.0, 1.0)), H, W)
+
+
+def test_wired_into_ssog_lipschitz_at_any_scale():
+    """ssog_lipschitz(majorant=True) keeps lower <= exact <= upper, with weights far from unit scale (the bound is
+    computed on the normalised operator and must be scaled back exactly once)."""
+    import lipcheck
+    from lipcheck.bounds.spectral import ssog_lipschitz
+    torch.manual_seed(0)
+    layer = lipcheck.SSoG(6, 3).double()
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(37.0)
+        layer.o_proj.weight.mul_(1 / 1024)
+    r = ssog_lipschitz(layer, 3, 4, majorant=True, rf_rtol=1e-2, seed=0)
+    assert r.info["majorant"]["value"] >= r.exact * (1 - 1e-12)
+    assert r.lower <= r.exact <= r.upper
+    assert r.upper <= r.info["majorant"]["value"]
