@@ -299,7 +299,7 @@ def _certify(t: torch.Tensor, H: int, W: int, lam: float, dtype) -> float:
 
 
 def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, init_cells: int = 16,
-                      max_cells: int = 40000, max_rounds: int = 60, split_per_round: int = 512,
+                      max_cells: int = 40000, max_rounds: int = 200, split_per_round: int = 512,
                       anchors_per_round: int | None = None, lanczos_steps: int = 120,
                       time_budget: float = 45.0, sn: sp.SymbolNorm | None = None,
                       progress: bool = False) -> MajorantBound:
@@ -310,7 +310,6 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     max_rounds / max_cells / time_budget seconds; every stopping point gives a certified bound (coarser cells only
     make it looser). sn, when given, must be built on normalised(p)."""
     sp._check_grid_size(H, W)
-    max_rounds = min(int(max_rounds), MAX_LEVELS)  # each round halves a cell at most once (centre_error)
     t0 = time.perf_counter()
     q = sp.normalised(p)
     for name, t in (("alpha", q.alpha), ("mu", q.mu), ("sigma", q.sigma), ("W_V", q.WV), ("W_O", q.WO)):
@@ -331,10 +330,11 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     c, J = sp.symbol_and_gradient(q, w[:, 0], w[:, 1])
     sp._no_nan(c, "symbol coefficients"), sp._no_nan(J, "symbol gradients")
     anchored = torch.zeros(w.shape[0], dtype=torch.bool, device=dev)
+    level = torch.zeros(w.shape[0], dtype=torch.long, device=dev)  # halvings so far (<= MAX_LEVELS: centre_error)
     cb = sn.bound(c)
     kb = model.corner_bounds(c, J, _widen(r, u))
     k_anchor = anchors_per_round or 8
-    v, lam, rounds, history = None, 0.0, 0, []
+    v, lam, rounds, history, excess_prev = None, 0.0, 0, [], math.inf
     bar = tqdm(total=max_rounds, desc="Toeplitz majorant", disable=not progress, leave=False)
     while True:
         h = _widen(r, u)
@@ -344,8 +344,8 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
         history.append(lam)
         if rounds >= max_rounds or time.perf_counter() - t0 > time_budget:
             break
-        if len(history) > 4 and history[-5] - lam < 0.25 * rtol * lam:  # stalled: more cells no longer pay
-            break
+        if len(history) > 4 and history[-5] - lam < 0.25 * rtol * lam and excess_prev < 0.05 * lam:
+            break  # stalled while the envelope is already close to s: more cells no longer pay
         rounds += 1
         bar.update(1)
         # anchors: exact SVDs at heavy centres whose bound is not yet explained by a nearby anchor
@@ -368,8 +368,8 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
                 kb = torch.minimum(kb, model.corner_bounds(c, J, _widen(r, u), new))
                 new_anchor = True
         # slack of the envelope over s on a cell: mean corner bound + remainder - centre bound (second order)
-        score = mass * (kb.mean(-1) + model.rho(_widen(r, u)) - cb).clamp_min(0)
-        excess = float(score.sum())
+        score = mass * (kb.mean(-1) + model.rho(_widen(r, u)) - cb).clamp_min(0) * (level < MAX_LEVELS)
+        excess = excess_prev = float(score.sum())
         if DEBUG:
             print(f"round {rounds} lam {lam:.6f} excess {excess:.2e} cells {w.shape[0]} anchors {sn.num_svd} "
                   f"t {time.perf_counter() - t0:.1f}")
@@ -379,7 +379,7 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
             break
         k = min(split_per_round, w.shape[0])
         top = torch.topk(score, k)
-        split = top.indices[top.values >= 0.05 * float(top.values[0])]
+        split = top.indices[top.values >= 0.01 * float(top.values[0])]
         if excess <= rtol * lam or split.numel() == 0:
             continue
         keep = torch.ones(w.shape[0], dtype=torch.bool, device=dev)
@@ -394,6 +394,7 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
         cb = torch.cat([cb[keep], sn.bound(cn)])
         kb = torch.cat([kb[keep], model.corner_bounds(cn, Jn, _widen(rn, u))])
         anchored = torch.cat([anchored[keep], torch.zeros(wn.shape[0], dtype=torch.bool, device=dev)])
+        level = torch.cat([level[keep], (level[split] + 1).repeat_interleave(4)])
     bar.close()
     if DEBUG:
         DEBUG_STATE.update(w=w, r=r, c=c, cb=cb, kb=kb, mass=mass, q=q)
