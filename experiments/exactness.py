@@ -1,7 +1,7 @@
 """Exactness: every deterministic upper bound on Lip(SSoG) beside the exact norm, at ViT token grids.
 
 Writes docs/exactness.md, docs/figures/exactness_ratio.png and docs/data/exactness.json.
-    python experiments/exactness.py [--quick] [--seed 0] [--json PATH] [--docs DIR]
+    python experiments/exactness.py [--quick] [--grids 14 16 32 64] [--widths 48 192] [--seed 0] [--json PATH] [--docs DIR]
 The table is built by experiments/lipschitz.py:exactness_table.
 """
 from __future__ import annotations
@@ -48,6 +48,8 @@ def figure(rows):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="C = 48 on 14x14 and 16x16 only (a few minutes)")
+    ap.add_argument("--grids", type=int, nargs="+", default=None, help="grid sizes n (default 14 16 32 64)")
+    ap.add_argument("--widths", type=int, nargs="+", default=None, help="channel counts C (default 48 192)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--docs", type=Path, default=None)
@@ -55,6 +57,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     st = report.stamp()
     kw = dict(widths=(48,), grids=(14, 16)) if args.quick else {}
+    kw.update({k: tuple(v) for k, v in (("grids", args.grids), ("widths", args.widths)) if v})
     rows = exactness_table(seed=args.seed, **kw)
     report.save_figure(figure(rows), "exactness_ratio", st, docs=args.docs)
     table = []
@@ -86,7 +89,7 @@ def main(argv=None) -> int:
              "||S(w)|| and drops the phases of the symbol, which costs most for shifted signed (broad) kernels on "
              "small grids."),
           (f"Over 60 s on {len(slow)} row(s)." if slow else "Every majorant run took under 60 s."), ""]
-    report.write_report("exactness", "\n".join(md), dict(rows=rows, quick=args.quick, seed=args.seed), st,
+    report.write_report("exactness", "\n".join(md), dict(rows=rows, quick=args.quick, seed=args.seed, **kw), st,
                         docs=args.docs, json_path=args.json)
     print("\n".join(md))
     return 0
