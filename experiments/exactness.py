@@ -40,8 +40,9 @@ def figure(rows):
         ax.set_xlabel("grid n (n x n tokens)")
         ax.set_title(f"{kk} kernels")
     axes[0].set_ylabel("bound / exact")
-    axes[1].legend(fontsize=6, loc="upper right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 

@@ -333,7 +333,8 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     level = torch.zeros(w.shape[0], dtype=torch.long, device=dev)  # halvings so far (<= MAX_LEVELS: centre_error)
     cb = sn.bound(c)
     kb = model.corner_bounds(c, J, _widen(r, u))
-    k_anchor = anchors_per_round or 8
+    # anchors pay where SVDs are cheap (small C): more per round there
+    k_anchor = anchors_per_round or max(8, min(32, int(4e7 / q.dim ** 3)))
     v, lam, rounds, history, excess_prev = None, 0.0, 0, [], math.inf
     bar = tqdm(total=max_rounds, desc="Toeplitz majorant", disable=not progress, leave=False)
     while True:
