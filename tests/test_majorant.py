@@ -201,3 +201,15 @@ def test_wired_into_ssog_lipschitz_at_any_scale(monkeypatch):
     assert r.info["majorant"]["value"] >= r.exact * (1 - 1e-12)
     assert r.lower <= r.exact <= r.upper
     assert r.upper <= r.info["majorant"]["value"]
+
+
+def test_float32_certification_above_dense_norm():
+    """The same bound computed in float32 (u = 2^-24, every margin from it) stays >= the float64 dense norm."""
+    rng = np.random.default_rng(5)
+    layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    exact = dense_norm(*layer, 4, 3)
+    p32 = SSoGParams(*(torch.tensor(np.asarray(a), dtype=torch.float32) for a in layer))
+    # the float32 weights are the layer here: compare against the dense norm of exactly those numbers
+    exact32 = dense_norm(*(t.double().numpy() for t in (p32.alpha, p32.mu, p32.sigma, p32.WV, p32.WO)), 4, 3)
+    b = mj.toeplitz_majorant_bound(p32, 4, 3, max_rounds=6)
+    assert b >= exact32 and abs(exact32 / exact - 1) < 1e-5
