@@ -210,7 +210,7 @@ class CellModel:
         return 0.5 * (A * q).sum(-1) * (1 + p.gamma(p.alpha.shape[1] + 8)) + rounding
 
     def corner_bounds(self, c: torch.Tensor, J: torch.Tensor, r: torch.Tensor, anchors=None,
-                      nearest: int = 2) -> torch.Tensor:
+                      nearest: int = 2, batch: int = 64) -> torch.Tensor:
         """(n, 4) bounds of f at the corners of the linearised cells: the cheap bound and `anchors` (all of them
         when given), else the `nearest` anchors of each cell centre (distance sum_h |dc_h| F_h): any subset of
         anchors gives a valid bound, the nearest give nearly the best one at a fraction of the cost."""
@@ -225,12 +225,14 @@ class CellModel:
         dist = torch.cat([((c[i:i + 4096].to(self.sn.cdt)[:, None, :] - an["c"][None]).abs() * F).sum(-1)
                           for i in range(0, c.shape[0], 4096)])
         near = torch.topk(dist, min(nearest, dist.shape[1]), largest=False).indices  # (n, k)
-        for j in range(near.shape[1]):
-            for a in torch.unique(near[:, j]).tolist():
-                rows = torch.nonzero(near[:, j] == a).squeeze(1)
-                sub = {key: val[a:a + 1] for key, val in an.items()}
-                b = self.sn.bound(pts[rows].reshape(-1, pts.shape[-1]), sub).reshape(-1, 4)
-                out[rows] = torch.minimum(out[rows], b)
+        # batches of cells sorted by nearest anchor, each against the union of its cells' nearest anchors
+        order = torch.argsort(near[:, 0])
+        for i in range(0, order.numel(), batch):
+            rows = order[i:i + batch]
+            ids = torch.unique(near[rows])
+            sub = {key: val[ids] for key, val in an.items()}
+            b = self.sn.bound(pts[rows].reshape(-1, pts.shape[-1]), sub).reshape(-1, 4)
+            out[rows] = torch.minimum(out[rows], b)
         return out
 
     def rho(self, r: torch.Tensor) -> torch.Tensor:
@@ -365,8 +367,10 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
                 sp._no_nan(sn.add_anchors(c[pick]), "anchor singular values")
                 new = sn.anchors[-1]
                 anchored[pick] = True
-                cb = torch.minimum(cb, sn.bound(c, new))
-                kb = torch.minimum(kb, model.corner_bounds(c, J, _widen(r, u), new))
+                # the new anchors tighten the heavy cells (any subset of anchors gives valid bounds elsewhere)
+                hv = torch.topk(mass, min(4096, mass.numel())).indices
+                cb[hv] = torch.minimum(cb[hv], sn.bound(c[hv], new))
+                kb[hv] = torch.minimum(kb[hv], model.corner_bounds(c[hv], J[hv], _widen(r[hv], u), new))
                 new_anchor = True
         # slack of the envelope over s on a cell: mean corner bound + remainder - centre bound (second order)
         score = mass * (kb.mean(-1) + model.rho(_widen(r, u)) - cb).clamp_min(0) * (level < MAX_LEVELS)
