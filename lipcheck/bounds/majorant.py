@@ -49,8 +49,9 @@ class MajorantBound:
 
 def centre_error(u: float) -> float:
     """Bound on |stored centre - exact centre| of every cell: the first grid errs by <= 4 u pi, each of at most
-    MAX_LEVELS splits adds one rounding of w +- r (<= u pi): (MAX_LEVELS + 4) u pi, rounded up."""
-    return (MAX_LEVELS + 4) * u * PI_HI * (1 + 4 * u)
+    MAX_LEVELS splits adds one rounding of w +- r/2 (<= u (pi + 1)) and half the stored width's error (<= u r): at most
+    2 u pi per level, so (2 MAX_LEVELS + 4) u pi, rounded up."""
+    return (2 * MAX_LEVELS + 4) * u * PI_HI * (1 + 4 * u)
 
 
 def phase_error(k: float, u: float) -> float:
