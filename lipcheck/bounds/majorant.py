@@ -28,8 +28,6 @@ from . import spectral as sp
 from .lognorm import _cholesky_certifies as cholesky_certifies  # Rump's Cholesky check (proofs/S5.md, Lemma 3)
 
 PI_HI = math.nextafter(math.pi, math.inf)  # a float >= pi
-DEBUG = False
-DEBUG_STATE: dict = {}
 MAX_LEVELS = 64  # at most this many halvings of a cell (far below any useful width): bounds the centres' rounding
 
 
@@ -376,9 +374,6 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
         # slack of the envelope over s on a cell: mean corner bound + remainder - centre bound (second order)
         score = mass * (kb.mean(-1) + model.rho(_widen(r, u)) - cb).clamp_min(0) * (level < MAX_LEVELS)
         excess = excess_prev = float(score.sum())
-        if DEBUG:
-            print(f"round {rounds} lam {lam:.6f} excess {excess:.2e} cells {w.shape[0]} anchors {sn.num_svd} "
-                  f"t {time.perf_counter() - t0:.1f}")
         if excess <= rtol * lam and not new_anchor:
             break
         if w.shape[0] + 3 * split_per_round > max_cells:
@@ -402,8 +397,6 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
         anchored = torch.cat([anchored[keep], torch.zeros(wn.shape[0], dtype=torch.bool, device=dev)])
         level = torch.cat([level[keep], (level[split] + 1).repeat_interleave(4)])
     bar.close()
-    if DEBUG:
-        DEBUG_STATE.update(w=w, r=r, c=c, cb=cb, kb=kb, mass=mass, q=q)
     h = _widen(r, u)
     rho = model.rho(h)
     t, t_err = toeplitz_coefficients(bilinear_coefficients(kb, rho), w, h, H, W)
