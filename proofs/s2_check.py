@@ -251,4 +251,86 @@ for _ in range(6):
 check("interlacing tail: sum_{i>=2} max(l_i,0)^2 >= ||B||_F^2 - max(L,nu)^2 - (m-1) nu^2 (exact rationals)", ok_tail)
 check("||N||_2^2 <= ||N||_F^2 - sum_{i>=2} max(l_i,0)^2 with negative eigenvalues present (exact rationals)", ok_top)
 
+# ---------------------------------------------------------------------------------------------------------------
+# Toeplitz majorant (proofs/S2.md, last section)
+w_, m_ = sp.symbols("w m", real=True)
+h_ = sp.symbols("h", positive=True)
+k_ = sp.symbols("k", integer=True, nonzero=True)
+I_sym = sp.integrate(sp.exp(-sp.I * k_ * w_), (w_, m_ - h_, m_ + h_)) / (2 * sp.pi)
+I_cf = sp.exp(-sp.I * k_ * m_) * sp.sin(k_ * h_) / (sp.pi * k_)
+check("I(k) = e^{-ikm} sin(kh)/(pi k)", sp.simplify((I_sym - I_cf).rewrite(sp.exp)) == 0)
+L_sym = sp.integrate((w_ - m_) / h_ * sp.exp(-sp.I * k_ * w_), (w_, m_ - h_, m_ + h_)) / (2 * sp.pi)
+x_ = sp.symbols("x", real=True)
+psi_cf = (sp.sin(x_) - x_ * sp.cos(x_)) / x_ ** 2
+L_cf = -sp.I * sp.exp(-sp.I * k_ * m_) * h_ * psi_cf.subs(x_, k_ * h_) / sp.pi
+check("L(k) = -i e^{-ikm} h psi(kh)/pi",
+      sp.simplify(sp.expand(sp.simplify((L_sym - L_cf) * sp.exp(sp.I * k_ * m_)).rewrite(sp.exp))) == 0)
+ser = sp.series(psi_cf, x_, 0, 16).removeO()
+ok = all(sp.simplify(ser.coeff(x_, 2 * n - 1) - (-1) ** (n + 1) * 2 * n / sp.factorial(2 * n + 1)) == 0
+         for n in range(1, 8))
+check("psi(x) = sum (-1)^(n+1) 2n x^(2n-1)/(2n+1)!", ok)
+# the series step term_{n+1} = -term_n x^2 (n+1) / (n (2n+2)(2n+3))
+ok = all(sp.simplify((-1) ** (n + 2) * 2 * (n + 1) / sp.factorial(2 * n + 3)
+                     / ((-1) ** (n + 1) * 2 * n / sp.factorial(2 * n + 1)) + sp.Integer(n + 1) / (n * (2 * n + 2) * (2 * n + 3))) == 0
+         for n in range(1, 10))
+check("psi series recurrence", ok)
+# bilinear coefficients reproduce the corner values
+kmm, kmp, kpm, kpp, rho_ = sp.symbols("kmm kmp kpm kpp rho")
+a00 = (kmm + kmp + kpm + kpp) / 4 + rho_
+a10 = ((kpm + kpp) - (kmm + kmp)) / 4
+a01 = ((kmp + kpp) - (kmm + kpm)) / 4
+a11 = ((kpp - kpm) - (kmp - kmm)) / 4
+E = lambda ey, ex: a00 + a10 * ey + a01 * ex + a11 * ey * ex  # noqa: E731
+check("bilinear envelope = kappa + rho at the four corners",
+      all(sp.simplify(E(sy, sx) - (kv + rho_)) == 0
+          for (sy, sx), kv in (((-1, -1), kmm), ((-1, 1), kmp), ((1, -1), kpm), ((1, 1), kpp))))
+import numpy as np  # noqa: E402
+rng2 = np.random.default_rng(5)
+ok = True
+for trial in range(20):  # convex f(c) = ||sum c_h P_h|| on a linear image of a rectangle <= bilinear interpolant
+    P = rng2.standard_normal((3, 4, 4))
+    c0, J0 = rng2.standard_normal(3), rng2.standard_normal((3, 2))
+    f = lambda e: np.linalg.norm(np.tensordot(c0 + J0 @ e, P, 1), 2)  # noqa: E731
+    kap = {(sy, sx): f(np.array([sy, sx])) for sy in (-1, 1) for sx in (-1, 1)}
+    for ey, ex in rng2.uniform(-1, 1, (50, 2)):
+        bil = sum(kap[(sy, sx)] * (1 + sy * ey) / 2 * (1 + sx * ex) / 2 for sy in (-1, 1) for sx in (-1, 1))
+        ok &= f(np.array([ey, ex])) <= bil * (1 + 1e-12)
+check("convex function on a rectangle <= bilinear interpolant of its corners (1000 points)", ok)
+
+
+def _taps(k, mu, sig):
+    j = np.arange(-80, 81)
+    return np.exp(-(k - mu) ** 2 / (2 * sig ** 2)) / np.exp(-(j - mu) ** 2 / (2 * sig ** 2)).sum()
+
+
+ok, worst = True, 0.0
+for trial in range(4):  # ||T|| <= lambda_max(T_N(s)) with T_N(s) by periodic trapezoid quadrature (spectral accuracy)
+    Hn, Wn, C, hh = 3, 3, 4, 2
+    d = C // hh
+    alpha = rng2.standard_normal((hh, 2))
+    mu = rng2.uniform(-1.5, 1.5, (hh, 2, 2))
+    sig = rng2.uniform(0.6, 1.5, (hh, 2, 2))
+    WV, WO = rng2.standard_normal((C, C)), rng2.standard_normal((C, C))
+    Ps = [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(hh)]
+    ax = lambda n, m0, s0: _taps(np.arange(n)[:, None] - np.arange(n)[None, :], m0, s0)  # noqa: E731
+    T = sum(np.kron(sum(alpha[i, m] * np.kron(ax(Hn, *mu[i, m, [0]], *sig[i, m, [0]]), ax(Wn, *mu[i, m, [1]], *sig[i, m, [1]]))
+                        for m in range(2)), Ps[i].T) for i in range(hh))
+    exact = np.linalg.norm(T, 2)
+    L = 256
+    wq = 2 * np.pi * np.arange(L) / L
+    kk = np.arange(-60, 61)
+    gh = lambda m0, s0: (_taps(kk, m0, s0)[None] * np.exp(-1j * wq[:, None] * kk[None])).sum(1)  # noqa: E731
+    c = np.zeros((L, L, hh), dtype=complex)
+    for i in range(hh):
+        for m in range(2):
+            c[:, :, i] += alpha[i, m] * gh(mu[i, m, 0], sig[i, m, 0])[:, None] * gh(mu[i, m, 1], sig[i, m, 1])[None, :]
+    s_ = np.linalg.norm(np.einsum("abh,hij->abij", c, np.array(Ps)), ord=2, axis=(2, 3))
+    tk = np.fft.fft2(s_) / L ** 2  # t[k] = mean s e^{-i k w}
+    Tn = np.array([[tk[(a - a2) % L, (b - b2) % L] for a2 in range(Hn) for b2 in range(Wn)]
+                   for a in range(Hn) for b in range(Wn)])
+    lam = np.linalg.eigvalsh((Tn + Tn.conj().T) / 2)[-1]
+    ok &= lam >= exact * (1 - 1e-9)
+    worst = max(worst, lam / exact - 1)
+check(f"||T|| <= lambda_max(T_N(||S||)) on 4 random 3x3 layers (loosest {worst:.2f} relative)", ok)
+
 sys.exit(1 if failures else 0)

@@ -897,7 +897,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
                    resolution_free: bool = True, rf_rtol: float = 1e-6, circulant_rtol: float = 1e-9,
                    symbol_start: bool = True, symbol_start_tokens: int = 1024, symbol_steps: int = 40,
                    probabilistic: bool = True, seed: int | None = None,
-                   progress: bool = False) -> SSoGBound:
+                   progress: bool = False, majorant: bool | None = None) -> SSoGBound:
     """Certified bounds on Lip(SSoG) = ||T||_2 on an H x W grid.
 
     lower <= ||T||_2 <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
@@ -962,6 +962,12 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
         method["gram"] = f"skipped: N*C = {n} > gram_max = {gram_max}"
     seconds["gram"] = time.perf_counter() - t
     upper = min(closed, rfree, circ.upper, gram if gram is not None else math.inf)
+    if majorant if majorant is not None else (n > exact_max and N <= 4096):  # Toeplitz majorant (majorant.py)
+        from .majorant import toeplitz_majorant
+        t, mb = time.perf_counter(), toeplitz_majorant(q, H, W, sn=sn, progress=progress)
+        mval, seconds["majorant"] = mb.upper, time.perf_counter() - t  # already scaled back by q.log2_scale
+        info["majorant"] = dict(value=mval, cells=mb.cells, rounds=mb.rounds, gave_upper=mval < upper)
+        method["majorant"], upper = "Toeplitz majorant lambda_max(T_N(s_up)), Cholesky-certified", min(upper, mval)
 
     t = time.perf_counter()
     exact, reason = None, None

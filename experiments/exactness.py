@@ -1,0 +1,100 @@
+"""Exactness: every deterministic upper bound on Lip(SSoG) beside the exact norm, at ViT token grids.
+
+Writes docs/exactness.md, docs/figures/exactness_ratio.png and docs/data/exactness.json.
+    python experiments/exactness.py [--quick] [--grids 14 16 32 64] [--widths 48 192] [--seed 0] [--json PATH] [--docs DIR]
+The table is built by experiments/lipschitz.py:exactness_table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lipschitz import exactness_table  # noqa: E402
+
+from lipcheck import report  # noqa: E402
+
+METHODS = [("lower", "lipcheck lower"), ("majorant", "Toeplitz majorant (new)"), ("circulant", "circulant embedding"),
+           ("zero_padding", "zero-padding, size-independent"), ("power", "power iteration (30 steps)")]
+
+
+def figure(rows):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, kk in zip(axes, ("init", "broad")):
+        for key, label in METHODS:
+            for C, ls in ((48, "-"), (192, "--")):
+                pts = sorted((r["grid"], r[f"{key}_ratio"]) for r in rows if r["kernels"] == kk and r["C"] == C)
+                if pts:
+                    ax.plot(*zip(*pts), ls, marker="o", label=f"{label}, C={C}",
+                            color=f"C{[m for m, _ in METHODS].index(key)}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("grid n (n x n tokens)")
+        ax.set_title(f"{kk} kernels")
+    axes[0].set_ylabel("bound / exact")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="C = 48 on 14x14 and 16x16 only (a few minutes)")
+    ap.add_argument("--grids", type=int, nargs="+", default=None, help="grid sizes n (default 14 16 32 64)")
+    ap.add_argument("--widths", type=int, nargs="+", default=None, help="channel counts C (default 48 192)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--docs", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    st = report.stamp()
+    kw = dict(widths=(48,), grids=(14, 16)) if args.quick else {}
+    kw.update({k: tuple(v) for k, v in (("grids", args.grids), ("widths", args.widths)) if v})
+    rows = exactness_table(seed=args.seed, **kw)
+    report.save_figure(figure(rows), "exactness_ratio", st, docs=args.docs)
+    table = []
+    for r in rows:
+        cells = [f"C={r['C']}, {r['heads']} heads, {r['kernels']}", f"{r['grid']}x{r['grid']}",
+                 f"{r['exact']:.6g} ({r['exact_method']}, {r['exact_seconds']:.1f} s)"]
+        for key, _ in METHODS:
+            ok = "" if r["valid"][key] else " INVALID"
+            cells.append(f"{r[key]:.6g} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
+        table.append(cells)
+    gaps = [r["majorant_ratio"] - 1 for r in rows]
+    slow = [r for r in rows if r["majorant_seconds"] > 60]
+    md = ["# Exactness: certified upper bounds beside the exact Lipschitz constant", "",
+          "Layers: C channels, 3 heads, 4 Gaussian components, float64; `init` is the default initialisation, "
+          "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]). Each cell: "
+          "value (excess over exact, seconds). `exact` is a dense SVD where N C <= 4096, else Lanczos on T^T T "
+          "with the fast operator (converged; it is itself a lower bound). Upper bounds: the Toeplitz majorant "
+          "(lipcheck.bounds.majorant, certified with rounding margins, proofs/S2.md), the (2H-1)x(2W-1) circulant "
+          "embedding (certified), and an input-size-independent zero-padding bound in the style of Delattre et al. "
+          "(2024): the truncated kernel's symbol on a fixed DFT grid, a Bernstein sampling factor and the tail "
+          "(one value per layer, valid at every grid; a float64 baseline without rounding margins). Lower "
+          "estimates: lipcheck's certified lower bound and 30 steps of power iteration. INVALID marks an upper "
+          "value below exact or a lower value above it.", "",
+          report.md_table(["layer", "grid", "exact"] + [lab for _, lab in METHODS], table), "",
+          "![ratio to exact](figures/exactness_ratio.png)", "",
+          f"Toeplitz majorant excess over exact: {min(gaps):.2%} to {max(gaps):.2%}. "
+          + ("It stays under 1% on every row." if max(gaps) < 0.01 else
+             f"It is NOT under 1% on {sum(g >= 0.01 for g in gaps)} of {len(gaps)} rows: the majorant keeps only "
+             "||S(w)|| and drops the phases of the symbol, which costs most for shifted signed (broad) kernels on "
+             "small grids."),
+          (f"Over 60 s on {len(slow)} row(s)." if slow else "Every majorant run took under 60 s."), ""]
+    report.write_report("exactness", "\n".join(md), dict(rows=rows, quick=args.quick, seed=args.seed, **kw), st,
+                        docs=args.docs, json_path=args.json)
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""The Toeplitz majorant bound (lipcheck.bounds.majorant) against dense matrices and 1-D norms built here from scratch."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lipcheck.bounds import majorant as mj
+from lipcheck.bounds.spectral import SSoGParams
+
+FAST = dict(max_rounds=6, time_budget=20.0)
+
+
+def taps(k, mu, sigma):
+    """g(k; mu, sigma) = exp(-(k - mu)^2 / (2 sigma^2)) / sum_j exp(-(j - mu)^2 / (2 sigma^2)), from scratch."""
+    j = np.arange(math.floor(mu) - 80 - int(12 * sigma), math.ceil(mu) + 81 + int(12 * sigma))
+    z = np.exp(-(j - mu) ** 2 / (2 * sigma ** 2)).sum()
+    return np.exp(-(np.asarray(k, dtype=float) - mu) ** 2 / (2 * sigma ** 2)) / z
+
+
+def axis(n, mu, sigma):
+    i = np.arange(n)
+    return taps(i[:, None] - i[None, :], mu, sigma)
+
+
+def dense_norm(alpha, mu, sigma, WV, WO, H, W):
+    """||T||_2 of T(X) = sum_h K_h X P_h from the SPEC definition: (N C) x (N C) matrix, numpy SVD."""
+    h, M = alpha.shape
+    C = WV.shape[0]
+    d = C // h
+    N = H * W
+    T = np.zeros((N * C, N * C))
+    for i in range(h):
+        K = sum(alpha[i, m] * np.kron(axis(H, mu[i, m, 0], sigma[i, m, 0]), axis(W, mu[i, m, 1], sigma[i, m, 1]))
+                for m in range(M))
+        P = WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :]
+        # vec(X) row-major: (K X P)[n, c] = sum K[n, n'] X[n', c'] P[c', c]
+        T += np.kron(K, P.T)
+    return np.linalg.norm(T, 2)
+
+
+def params(alpha, mu, sigma, WV, WO):
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
+    return SSoGParams(t(alpha), t(mu), t(sigma), t(WV), t(WO))
+
+
+def random_layer(rng, h, M, d, shift, width):
+    C = h * d
+    alpha = rng.standard_normal((h, M))
+    mu = rng.uniform(-shift, shift, (h, M, 2))
+    sigma = rng.uniform(0.3, width, (h, M, 2))
+    WV = rng.standard_normal((C, C)) / math.sqrt(C)
+    WO = rng.standard_normal((C, C)) / math.sqrt(C)
+    return alpha, mu, sigma, WV, WO
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(h=st.integers(1, 3), M=st.integers(1, 3), H=st.integers(1, 6), W=st.integers(1, 6),
+       shift=st.floats(0.0, 3.0), width=st.floats(0.5, 4.0), seed=st.integers(0, 10 ** 6))
+def test_majorant_above_dense_norm(h, M, H, W, shift, width, seed):
+    rng = np.random.default_rng(seed)
+    layer = random_layer(rng, h, M, 2, shift, width)
+    exact = dense_norm(*layer, H, W)
+    p = params(*layer)
+    m = mj.toeplitz_majorant(p, H, W, **FAST)
+    assert m.upper >= exact * (1 - 1e-12)
+    # never looser than the sum of the moduli (Toeplitz majorant <= sup of its envelope <= triangle bound + rounding)
+    P = [layer[3][:, i * 2:(i + 1) * 2] @ layer[4][i * 2:(i + 1) * 2, :] for i in range(h)]
+    triangle = sum(np.linalg.norm(P[i], 2) * np.abs(layer[0][i]).sum() for i in range(h))
+    assert m.upper <= triangle * 1.05 + 1e-12
+
+
+def test_factorised_single_component():
+    """One head, one component: ||T|| = |alpha| ||G_H|| ||G_W|| ||P||. The majorant is >= it for shifted kernels and
+    tight (the symbol |alpha ghat_y ghat_x| ||P|| is the modulus of a positive symbol) at mu = 0."""
+    rng = np.random.default_rng(3)
+    C = 4
+    WV, WO = rng.standard_normal((C, C)), rng.standard_normal((C, C))
+    Pn = np.linalg.norm(WV @ WO, 2)
+    for mu, H, W, tol in (((0.0, 0.0), 3, 4, 2e-3), ((0.0, 0.0), 8, 8, 2e-3), ((1.3, -0.7), 5, 4, None)):
+        alpha = np.array([[-0.8]])
+        sig = np.array([[[1.1, 0.7]]])
+        m3 = np.array([[list(mu)]])
+        exact = 0.8 * np.linalg.norm(axis(H, mu[0], 1.1), 2) * np.linalg.norm(axis(W, mu[1], 0.7), 2) * Pn
+        b = mj.toeplitz_majorant(params(alpha, m3, sig, WV, WO), H, W, rtol=1e-5, max_rounds=30).upper
+        assert b >= exact
+        if tol is not None:
+            assert b <= exact * (1 + tol)
+
+
+def test_envelope_covers_and_dominates_the_symbol():
+    """Every frequency lies in a cell of the half torus or its mirror, and the bilinear envelope there is >= s(w) =
+    ||sum_h c_h(w) P_h||, c_h from the SPEC kernel summed here. Catches a dropped cell or a dropped remainder term
+    (near the maximum s is concave, so the bilinear interpolation of the corners alone falls below it)."""
+    rng = np.random.default_rng(7)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    alpha = np.abs(alpha)
+    m = mj.toeplitz_majorant(params(alpha, mu, sigma, WV, WO), 5, 5, **FAST)
+    cells = m.info["cells"]
+    w0, h0, a = (cells[k].numpy() for k in ("centre", "half_width", "coefficients"))
+    scale = 2.0 ** cells["log2_scale"]
+    pts = rng.uniform(-math.pi, math.pi, (400, 2))
+    # add points at the maximum (w = 0 for positive kernels) and at cell corners
+    pts = np.concatenate([pts, [[0.0, 0.0], [1e-3, -1e-3]], w0[:50] + 0.999 * h0[:50]])
+    k = np.arange(-120, 121)
+    d = 2
+    for wy, wx in pts:
+        c = np.zeros(2, dtype=complex)
+        for i in range(2):
+            for j in range(2):
+                gy = (taps(k, mu[i, j, 0], sigma[i, j, 0]) * np.exp(-1j * k * wy)).sum()
+                gx = (taps(k, mu[i, j, 1], sigma[i, j, 1]) * np.exp(-1j * k * wx)).sum()
+                c[i] += alpha[i, j] * gy * gx
+        S = sum(c[i] * (WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :]) for i in range(2))
+        s = np.linalg.norm(S, 2)
+        env = 0.0
+        for v in ((wy, wx), (-wy, -wx)):
+            v = np.array(v)
+            v[1] = (v[1] + math.pi) % (2 * math.pi) - math.pi
+            inside = np.all(np.abs(v[None] - w0) <= h0, axis=1)
+            for j in np.nonzero(inside)[0]:
+                ey, ex = (v - w0[j]) / h0[j]
+                env += a[j, 0, 0] + a[j, 1, 0] * ey + a[j, 0, 1] * ex + a[j, 1, 1] * ey * ex
+        assert env * scale >= s * (1 - 1e-12), (wy, wx, env * scale, s)
+
+
+def test_fourier_coefficients_against_quadrature():
+    """t[k, l] of a bilinear envelope on two rectangles, against Gauss-Legendre quadrature of the definition; the
+    stated rounding bound covers the difference."""
+    w = torch.tensor([[0.7, -1.1], [2.0, 0.4]], dtype=torch.float64)
+    h = torch.tensor([[0.3, 0.5], [0.05, 1.2]], dtype=torch.float64)
+    a = torch.tensor([[[1.0, 0.3], [-0.2, 0.1]], [[2.0, -0.5], [0.4, 0.25]]], dtype=torch.float64)
+    H, W = 4, 5
+    t, err = mj.toeplitz_coefficients(a, w, h, H, W)
+    x, wt = np.polynomial.legendre.leggauss(200)
+    for k in range(-(H - 1), H):
+        for l in range(-(W - 1), W):
+            tot = 0.0
+            for j in range(2):
+                m, hh, aa = w[j].numpy(), h[j].numpy(), a[j].numpy()
+                Y, X = m[0] + hh[0] * x, m[1] + hh[1] * x
+                fy = [wt * hh[0] * np.exp(-1j * k * Y), wt * hh[0] * x * np.exp(-1j * k * Y)]
+                fx = [wt * hh[1] * np.exp(-1j * l * X), wt * hh[1] * x * np.exp(-1j * l * X)]
+                for p_ in (0, 1):
+                    for q_ in (0, 1):
+                        tot += 2 * (aa[p_, q_] * fy[p_].sum() * fx[q_].sum()).real
+            ref = tot / (2 * math.pi) ** 2
+            assert abs(float(t[k + H - 1, l + W - 1]) - ref) <= err + 1e-14, (k, l)
+    assert err < 1e-12
+
+
+def test_psi_series_and_closed_form_agree():
+    x = torch.tensor([1e-8, 0.3, 0.999, 1.0, 1.001, 3.0, 40.0, -0.5, -7.0], dtype=torch.float64)
+    ref = [(math.sin(v) - v * math.cos(v)) / v ** 2 if abs(v) > 1e-3 else v / 3 - v ** 3 / 30 for v in x.tolist()]
+    assert torch.allclose(mj.psi(x), torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_monotone_in_refinement_and_never_below_the_finer_bound_by_much():
+    """A coarser envelope is a valid majorant too, so a run with more rounds gives a smaller-or-equal estimate up
+    to the certificate's pad, and both stay >= the dense norm."""
+    rng = np.random.default_rng(11)
+    layer = random_layer(rng, 2, 2, 2, 0.5, 2.0)
+    exact = dense_norm(*layer, 4, 4)
+    coarse = mj.toeplitz_majorant(params(*layer), 4, 4, max_rounds=2)
+    fine = mj.toeplitz_majorant(params(*layer), 4, 4, max_rounds=20, rtol=1e-4)
+    assert exact <= fine.upper <= coarse.upper * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("bad", ["alpha", "mu", "WV"])
+def test_non_finite_raises(bad):
+    rng = np.random.default_rng(0)
+    layer = list(random_layer(rng, 1, 1, 2, 0.0, 1.0))
+    idx = {"alpha": 0, "mu": 1, "WV": 3}[bad]
+    layer[idx] = layer[idx].copy()
+    layer[idx].flat[0] = np.nan
+    with pytest.raises(ValueError):
+        mj.toeplitz_majorant_bound(params(*layer), 3, 3)
+
+
+@pytest.mark.parametrize("H,W", [(0, 3), (3, -1), (2.5, 2), (True, 3)])
+def test_bad_grid_raises(H, W):
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError):
+        mj.toeplitz_majorant_bound(params(*random_layer(rng, 1, 1, 2, 0.0, 1.0)), H, W)
+
+
+def test_wired_into_ssog_lipschitz_at_any_scale(monkeypatch):
+    """ssog_lipschitz(majorant=True) keeps lower <= exact <= upper, with weights far from unit scale (the bound is
+    computed on the normalised operator and must be scaled back exactly once)."""
+    import lipcheck
+    monkeypatch.setitem(mj.toeplitz_majorant.__kwdefaults__, "max_rounds", 6)  # a coarse envelope: still valid
+    from lipcheck.bounds.spectral import ssog_lipschitz
+    torch.manual_seed(0)
+    layer = lipcheck.SSoG(6, 3).double()
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(37.0)
+        layer.o_proj.weight.mul_(1 / 1024)
+    r = ssog_lipschitz(layer, 3, 4, majorant=True, rf_rtol=1e-2, seed=0)
+    assert r.info["majorant"]["value"] >= r.exact * (1 - 1e-12)
+    assert r.lower <= r.exact <= r.upper
+    assert r.upper <= r.info["majorant"]["value"]
+
+
+def test_float32_certification_above_dense_norm():
+    """The same bound computed in float32 (u = 2^-24, every margin from it) stays >= the float64 dense norm."""
+    rng = np.random.default_rng(5)
+    layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    exact = dense_norm(*layer, 4, 3)
+    p32 = SSoGParams(*(torch.tensor(np.asarray(a), dtype=torch.float32) for a in layer))
+    # the float32 weights are the layer here: compare against the dense norm of exactly those numbers
+    exact32 = dense_norm(*(t.double().numpy() for t in (p32.alpha, p32.mu, p32.sigma, p32.WV, p32.WO)), 4, 3)
+    b = mj.toeplitz_majorant_bound(p32, 4, 3, max_rounds=6)
+    assert b >= exact32 and abs(exact32 / exact - 1) < 1e-5
