@@ -67,14 +67,19 @@ class FieldConstants:
     def mlp_lipschitz(self) -> float:
         return self.W2 * self.gelu1 * self.W1
 
+    def _ln(self, which: int) -> tuple[float, float]:
+        if which not in (1, 2):
+            raise ValueError(f"which must be 1 (LN1, before the mixer) or 2 (LN2, before the MLP), got {which!r}")
+        return (self.g1, self.eps1) if which == 1 else (self.g2, self.eps2)
+
     def ln_jacobian(self, which: int, v) -> float:
-        g, e = (self.g1, self.eps1) if which == 1 else (self.g2, self.eps2)
+        g, e = self._ln(which)
         if math.isinf(e):
             return 1.0
         return g / math.sqrt(v + e) if v + e > 0 else math.inf
 
     def ln_curvature(self, which: int, v) -> float:
-        g, e = (self.g1, self.eps1) if which == 1 else (self.g2, self.eps2)
+        g, e = self._ln(which)
         if math.isinf(e):
             return 0.0
         return LN_CURVATURE * g / (math.sqrt(self.C) * (v + e)) if v + e > 0 else math.inf
