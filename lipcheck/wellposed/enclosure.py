@@ -1,21 +1,27 @@
-"""A proven enclosure of the true trajectory of x' = F(x) around a computed one (proofs/S5.md, Theorem 5).
+"""A proven enclosure of the true trajectory of x' = F(x) around a computed one (proofs/S5.md, Theorems 5 and 6).
 
 y is a piecewise quartic: on each accepted step [a, b] of the solver, the quartic through its dense output at
-a + h (0, 1/4, 1/2, 3/4, 1), with coefficients c_k (floats, so y is known exactly). With e = x - y and
-delta = y' - F(y):
+a + h (0, 1/4, 1/2, 3/4, 1), with coefficients c_k (floats, so y is known exactly).
+
+Direct (Theorem 5, `ref_tol=None`). With e = x - y and delta = y' - F(y):
 
     D+ ||e|| <= mu ||e|| + ||delta||,   mu >= mu_2(J_F(z)) for z on every segment [y(s), x(s)]
 
 so on a sub-interval of length tau, r_end <= r e^{mu tau} + sup||delta|| tau phi(mu tau), phi(z) = (e^z - 1)/z.
 
-- sup ||delta|| on each sub-interval [s_j, s_j + tau]: delta and delta' = y'' - J_F(y) y' at both ends (exact
-  forward-mode derivatives) plus (tau/2)^2 / 2 sup ||delta''||, delta'' = y''' - D^2F(y)[y', y'] - J_F(y) y'',
-  bounded from the coefficients and the second-derivative constant of F; sub-intervals are halved until that
-  remainder is below `defect_ratio` times the sampled defect.
+- sup ||delta|| on each sub-interval [s_j, s_j + tau]: the larger of ||delta|| at both ends (F at the nodes) plus
+  tau^2 / 8 sup ||delta''|| (linear interpolation), delta'' = y^(3) - D^2F(y)[y', y'] - J_F(y) y'' bounded from
+  Bernstein sups of y's derivatives and F's constants; sub-intervals are refined until that remainder is below
+  `defect_ratio` times the sampled defect (or an absolute target).
 - mu over the tube of radius rho around y on a coarser sub-interval [u, u']: the larger of the two verified point
   log-norms plus curvature * (rho + token drift to the nearer end) (Lemma 2); the tube is bootstrapped: assume rho,
   bound r, accept only if r <= rho on the whole sub-interval.
-- rounding: a-priori bounds for F, J_F w and the polynomial evaluation; the scalar recurrence in arb balls.
+- rounding: a-priori bounds for F and the polynomial evaluation; the scalar recurrence in arb balls.
+
+Tight (Theorem 6, the default): a second solve y_ref at ref_tol (on shorter steps) is enclosed directly, and
+||x - y|| <= sup ||y - y_ref|| + r_ref on every interval, the sup proven from Bernstein coefficients of the
+difference quartics. The defects of y, which cancel in its true error, no longer add up: the radius is close to
+y's actual error.
 
 The same per-interval log-norms bound the growth of perturbations: `lognorm_envelope`.
 """
