@@ -164,6 +164,16 @@ def _bern_sup(c: torch.Tensor, h: float, d: int) -> torch.Tensor:
         * (1 + g)
 
 
+def _token_speed(c: torch.Tensor, h: float) -> torch.Tensor:
+    """Per token sup over the step of ||y_i'|| (B, N) from the Bernstein coefficients of the cubic y' (Lemma 6),
+    rounded up by gamma_16 times the coefficient sums."""
+    a = [(k + 1) * c[k + 1] / h for k in range(4)]
+    b = torch.stack([sum(math.comb(j, k) / math.comb(3, k) * a[k] for k in range(j + 1)) for j in range(4)])
+    g = ln.gamma(16 + c.shape[-1], ln.unit_roundoff(c.dtype))
+    tok = lambda x: x.norm(dim=-1).flatten(1)  # noqa: E731
+    return (tok(b).amax(0) + g * sum(tok(x) for x in a)) * (1 + g)
+
+
 def _coef_sup(cn: list, h: float, d: int):
     """sup over the step of ||y^(d)|| <= sum_k k!/(k-d)! ||c_k|| / h^d (cn: norms of c_k)."""
     return sum(math.factorial(k) // math.factorial(k - d) * cn[k] for k in range(d, 5)) / h ** d
@@ -174,8 +184,8 @@ def _coef_sup(cn: list, h: float, d: int):
 def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol="auto", lognorm: str = "auto",
             defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024, tube: float | None = None,
             max_tube: float | None = None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
-            ref_max_per_step: int | None = None, input_scale: float = 1.0, device=None, dtype=torch.float64,
-            progress: bool = True) -> Enclosure:
+            ref_max_per_step: int | None = None, ref_defect_abs: float | None = None, input_scale: float = 1.0,
+            device=None, dtype=torch.float64, progress: bool = True) -> Enclosure:
     """Proven enclosure of the ODE ViT's true trajectory from x0 = embed(images) on [0, t1] (SPEC S5).
 
     Solves with `method` at rtol = atol = `tol`, then proves ||x(s) - y(s)|| <= radius on every interval (see the
@@ -194,7 +204,7 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
     return enclose_field(field, x0, t1, method=method, tol=tol, ref_tol=ref_tol, defect_ratio=defect_ratio,
                          mu_slack=mu_slack, max_per_step=max_per_step, tube=tube, max_tube=max_tube,
                          ref_defect_ratio=ref_defect_ratio, ref_mu_slack=ref_mu_slack,
-                         ref_max_per_step=ref_max_per_step, progress=progress)
+                         ref_max_per_step=ref_max_per_step, ref_defect_abs=ref_defect_abs, progress=progress)
 
 
 def _check_inputs(x0, t1, tube, max_tube, defect_ratio, mu_slack, max_per_step):
@@ -309,7 +319,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
                   tube: float | None = None, max_tube: float | None = None, mu_claim=None,
                   solver_field=None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
                   ref_max_per_step: int | None = None, ref_max_steps: int = 512,
-                  progress: bool = False) -> Enclosure:
+                  ref_defect_abs: float | None = None, progress: bool = False) -> Enclosure:
     """The enclosure of field's true solution around the solve y at rtol = atol = `tol` (Theorems 5 and 6).
 
     ref_tol = None: the direct enclosure of y (Theorem 5). Otherwise (default "auto": tol * 1e-3, not below 1e-11;
@@ -319,7 +329,9 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     sup ||y - y_ref||, `.reference` the enclosure of y_ref, whose tube, log-norms and defects `.tube`, `.mu`,
     `.defect` report. `tube`, `max_tube`, `mu_claim` and `ref_mu_slack` (default `mu_slack`) apply to the
     enclosure of y_ref, whose defect sub-intervals are refined (up to `ref_max_per_step`, default 8 max_per_step)
-    until the remainder is below `ref_defect_ratio` times a rough sup ||y - y_ref|| / t1 (or the usual ratio).
+    until the remainder is below `ref_defect_ratio` times a rough sup ||y - y_ref|| / t1, or below
+    `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most `ref_max_steps`) until its
+    sampled defect is below the same target.
 
     The field object has the `SSoGField` interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
     lognorm(y, v, eps_J), uses_variance). `mu_claim` (float or callable y -> (B,)) replaces the verified point
@@ -343,7 +355,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     sf = solver_field or field
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     rough = _rough_distance(steps, coefs, rpieces[0], rpieces[1])
-    target = ref_defect_ratio * rough / t1
+    target = ref_defect_abs if ref_defect_abs is not None else ref_defect_ratio * rough / t1
     for _ in range(3):
         d = _sampled_defect(sf, *rpieces[:2])
         if not (d > target and math.isfinite(d)):
@@ -354,7 +366,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
         rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt, grid_steps=K)
     direct["max_per_step"] = ref_max_per_step or 8 * max_per_step
     ref = _enclose_direct(field, x0, t1, tol=rt, defect_ratio=defect_ratio, mu_slack=ref_mu_slack or mu_slack,
-                          defect_abs=ref_defect_ratio * rough / t1, pieces=rpieces, **direct)
+                          defect_abs=target, pieces=rpieces, **direct)
     ref_seconds = time.perf_counter() - start - solve_seconds
     dist, centers = _distance(steps, coefs, ref._pieces, x0.dtype)
     B = x0.shape[0]
@@ -473,7 +485,12 @@ def _distance(steps, coefs, ref_pieces, dtype):
     zero = torch.zeros(B, **fk)
     rows.append(bound(0, 0.0, 0.0, 0, zero) + ev * yinfo[0]["abs_sum"])
     centers.append(c0)
-    for kr, j0, j1, m in spans:
+    for span in spans:
+        if span is None:  # the closing interval after every sample failed: no bound
+            rows.append(torch.full((B,), math.inf, **fk))
+            centers.append(y_at(float(steps[-1][1]))[0])
+            continue
+        kr, j0, j1, m = span
         ar, br = rsteps[kr]
         hr = br - ar
         s0, s1 = j0 / m, j1 / m
@@ -527,10 +544,10 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
         h = b - a
         cn = [sample_norm(c[j]) for j in range(5)]
         tok = [c[j].norm(dim=-1).flatten(1) for j in range(5)]  # (B, N)
-        speed_tok = sum(j * tok[j] for j in range(1, 5)) / h  # per token sup ||y_i'|| (B, N)
+        speed_tok = torch.minimum(sum(j * tok[j] for j in range(1, 5)) / h, _token_speed(c, h))  # sup ||y_i'||
         abs_sum = sample_norm(c.abs().sum(0))
         step_info.append(dict(h=h, cn=cn, d1=_bern_sup(c, h, 1), d2=_bern_sup(c, h, 2), d3=_bern_sup(c, h, 3),
-                              speed=speed_tok.amax(1), err_y=ev * abs_sum,
+                              speed=speed_tok.amax(1), speed_tok=speed_tok, err_y=ev * abs_sum,
                               sq4=(speed_tok ** 4).sum(1).sqrt() * (1 + ln.gamma(N + 4 * C + 64, u)),
                               err_d1=ev * sum(j * cn[j] for j in range(1, 5)) / h,
                               err_d2=ev * sum(j * (j - 1) * cn[j] for j in range(2, 5)) / h ** 2))
@@ -553,7 +570,7 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
         Fy = _eval(field, y.reshape(-1, H, W, C)).reshape(y.shape)
         std = token_std(y)  # (m+1, B, N)
         tau = h / m
-        drift = (sum(j * c[j].norm(dim=-1).flatten(1) for j in range(1, 5)) / h)[None] * (tau / 2) / math.sqrt(C)
+        drift = inf["speed_tok"][None] * (tau / 2) / math.sqrt(C)
         floor = (torch.minimum(std[:-1], std[1:]) - drift).amin(-1)  # (m, B) token std floor on each sub-interval
         v_y = float(floor.clamp_min(0).min()) ** 2 if field.uses_variance else 0.0
         eps_F, eps_J = field.rounding(y.reshape(-1, H, W, C), v_y)
@@ -569,8 +586,17 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
         return dict(m=m, s=s, y=y, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
                     remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J)
 
-    fine = []
-    for k in tqdm(range(len(steps)), desc="enclose: defect", disable=not progress, leave=False):
+    # ---- propagation with the bootstrap, per sample, in arb
+    times, radius, tubes, mus, defects, sampled_d, mu_point, centers = [0.0], [r0.tolist()], [], [], [], [], [], []
+    centers.append(coefs[0][0])
+    reason = [None] * B
+    r = [flint.arb(float(r0[b])) for b in range(B)]
+    env_data, spans = [], []
+    fine, mu_pts, mu_groups = [], [], []
+    defect_seconds = lognorm_seconds = 0.0
+    for k in tqdm(range(len(steps)), desc="enclose", disable=not progress, leave=False):
+        # one step at a time (defect, log-norms, propagation), so that a failure stops the work where it happens
+        clock = time.perf_counter()
         m = 8
         while True:
             smp = sample_step(k, m)
@@ -581,11 +607,9 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
                 break
             m = min(max_per_step, m * max(2, 2 ** math.ceil(math.log2(math.sqrt(worst / defect_ratio)))))
         fine.append(smp)
-    defect_seconds = time.perf_counter() - start - solve_seconds
-
-    # ---- log-norm points: every q-th fine point, so that curvature * drift / 2 <= mu_slack
-    mu_pts, mu_groups = [], []
-    for k, smp in enumerate(tqdm(fine, desc="enclose: log-norm", disable=not progress, leave=False)):
+        defect_seconds += time.perf_counter() - clock
+        clock = time.perf_counter()
+        smp = fine[k]
         inf, m = step_info[k], smp["m"]
         drift_rate = float(inf["speed"].max())
         P = max(1, math.ceil(smp["M2"] * drift_rate * inf["h"] / (2 * mu_slack))) if math.isfinite(smp["M2"]) else m
@@ -602,16 +626,10 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
             lam = torch.where(claim < lower, torch.full_like(claim, -math.inf), claim)  # -inf marks a refuted claim
         mu_pts.append(lam)
         mu_groups.append(idx)
-    lognorm_seconds = time.perf_counter() - start - solve_seconds - defect_seconds
-
-    # ---- propagation with the bootstrap, per sample, in arb
-    times, radius, tubes, mus, defects, sampled_d, mu_point, centers = [0.0], [r0.tolist()], [], [], [], [], [], []
-    centers.append(coefs[0][0])
-    mu_point.append(mu_pts[0][0].tolist())
-    reason = [None] * B
-    r = [flint.arb(float(r0[b])) for b in range(B)]
-    env_data, spans = [], []
-    for k, smp in enumerate(fine):
+        lognorm_seconds += time.perf_counter() - clock
+        if k == 0:
+            mu_point.append(mu_pts[0][0].tolist())
+        smp = fine[k]
         inf, m, idx, lam = step_info[k], smp["m"], mu_groups[k], mu_pts[k]
         a, b_end = steps[k]
         h, tau = inf["h"], inf["h"] / m
@@ -623,7 +641,7 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
             t_end = a + h * j1 / m
             std_floor = torch.minimum(smp["std"][j0], smp["std"][j1]).amin(-1)  # (B,) token std at the ends
             half = (j1 - j0) * tau / 2
-            drift = sum(j * coefs[k][j].norm(dim=-1).flatten(1) for j in range(1, 5)).amax(1) / h * half  # (B,)
+            drift = inf["speed"] * half  # (B,) how far any token moves from the nearer end
             row_r, row_tube, row_mu, row_d, row_ds = [], [], [], [], []
             for bb in range(B):
                 dsub = smp["defect"][j0:j1, bb]
@@ -661,7 +679,15 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
             env_data.append(dict(tau=(j1 - j0) * tau, lam=[max(float(lam[p, bb]), float(lam[p + 1, bb]))
                                                           for bb in range(B)],
                                  std=std_floor.tolist(), drift=drift.tolist()))
-    stiff = [max(float(mu_pts[k].max()), 0.0) * step_info[k]["h"] for k in range(len(steps))]
+        if all(x is not None for x in reason) and k < len(steps) - 1:
+            # every sample has failed: one closing interval to t1 with an infinite radius, nothing more to compute
+            times.append(t1), spans.append(None), radius.append([math.inf] * B)
+            for rows in (tubes, mus, defects, sampled_d, mu_point):
+                rows.append([math.nan] * B)
+            centers.append(coefs[-1].sum(0))
+            env_data.append(dict(tau=t1 - times[-2], lam=[math.inf] * B, std=[0.0] * B, drift=[math.inf] * B))
+            break
+    stiff = [max(float(mu_pts[k].max()), 0.0) * step_info[k]["h"] for k in range(len(fine))]
     t = torch.tensor(times, **fk)
     t[-1] = t1
     stats = dict(method=method, tol=tol, nfe_forward=nfe, nfe_dense_output=sol["nfe_dense_output"], accepted=accepted,
