@@ -170,8 +170,8 @@ def _token_speed(c: torch.Tensor, h: float) -> torch.Tensor:
     a = [(k + 1) * c[k + 1] / h for k in range(4)]
     b = torch.stack([sum(math.comb(j, k) / math.comb(3, k) * a[k] for k in range(j + 1)) for j in range(4)])
     g = ln.gamma(16 + c.shape[-1], ln.unit_roundoff(c.dtype))
-    tok = lambda x: x.norm(dim=-1).flatten(1)  # noqa: E731
-    return (tok(b).amax(0) + g * sum(tok(x) for x in a)) * (1 + g)
+    tok = lambda x: x.norm(dim=-1).flatten(1)  # noqa: E731  (B, H, W, C) -> (B, N)
+    return (b.norm(dim=-1).flatten(2).amax(0) + g * sum(tok(x) for x in a)) * (1 + g)
 
 
 def _coef_sup(cn: list, h: float, d: int):
