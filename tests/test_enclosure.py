@@ -586,6 +586,9 @@ def test_reference_method_failures_are_reported_not_a_radius():
     small = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, tube=1e-14)
     assert not small.proven.any() and all("reference solve" in r and "tube" in r for r in small.reason)
     assert torch.isinf(small.radius[-1]).all()
+    # the work stops at the first failed interval: one closing interval to t1 (radius inf), t still ends on t1
+    assert len(small.t) == 3 and float(small.t[-1]) == 1.0 and torch.isinf(small.radius[1:]).all()
+    assert small.reference.stats["steps"] > 1 and len(small.reference.stats["stiffness"]) == 1
     mu = float(np.linalg.eigvalsh((A + A.T) / 2).max())
     low = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, mu_claim=mu - 0.05)
     assert not low.proven.any() and all("log-norm" in r for r in low.reason) and torch.isinf(low.radius[-1]).all()
