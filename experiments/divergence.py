@@ -679,7 +679,7 @@ def markdown(data, sweeps, interp, growth, cert, contrast, constants, must, args
 
 
 ENCLOSURE_ONLY = dict(enc_batch=1, enc_tol=1e-6, enc_slack=1.5, enc_defect_ratio=1.0, enc_max_per_step=64,
-                      enc_ref_max_per_step=4096, enc_ref_defect_abs=3e-6)
+                      enc_ref_max_per_step=2048, enc_ref_defect_abs=3e-6)
 
 
 def time_breakdown(e) -> str:

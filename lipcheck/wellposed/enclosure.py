@@ -675,10 +675,11 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
             defects.append(row_d)
             sampled_d.append(row_ds)
             mu_point.append(lam[p + 1].tolist())
-            centers.append(smp["y"][j1])
+            centers.append(smp["y"][j1].clone())  # a copy: the fine samples are dropped after the step
             env_data.append(dict(tau=(j1 - j0) * tau, lam=[max(float(lam[p, bb]), float(lam[p + 1, bb]))
                                                           for bb in range(B)],
                                  std=std_floor.tolist(), drift=drift.tolist()))
+        smp["y"] = None  # (m+1) states of n numbers: not kept across steps (memory at full size)
         if all(x is not None for x in reason) and k < len(steps) - 1:
             # every sample has failed: one closing interval to t1 with an infinite radius, nothing more to compute
             times.append(t1), spans.append(None), radius.append([math.inf] * B)
