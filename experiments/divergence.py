@@ -682,6 +682,14 @@ ENCLOSURE_ONLY = dict(enc_batch=1, enc_tol=1e-6, enc_slack=1.5, enc_defect_ratio
                       enc_ref_max_per_step=2048, enc_ref_defect_abs=3e-6)
 
 
+def last_proven(e) -> str:
+    """The last time up to which the enclosure holds, and its radius there."""
+    r = e["radius"][0]
+    k = max(i for i, x in enumerate(r) if math.isfinite(x))
+    return (f"Proven on [0, {e['t'][k]:.6g}] (t1 = {e['t'][-1]:g}), radius there {r[k]:.3g}"
+            + ("." if k == len(r) - 1 else f"; not beyond: {e['reason'][0]}"))
+
+
 def time_breakdown(e) -> str:
     """Where an enclosure's time went (the profile the full-size runs need)."""
     s = e["seconds"]
@@ -706,7 +714,7 @@ def run_enclosure_only(args) -> tuple[str, dict, list]:
     enc = wellposed.enclose(ssog, images, tol=cfg["enc_tol"], mu_slack=cfg["enc_slack"],
                             defect_ratio=cfg["enc_defect_ratio"], max_per_step=cfg["enc_max_per_step"],
                             ref_max_per_step=cfg["enc_ref_max_per_step"], ref_defect_abs=cfg["enc_ref_defect_abs"],
-                            device=device, dtype=D, progress=not args.no_progress)
+                            max_seconds=args.max_seconds, device=device, dtype=D, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     block, x0, t1 = wellposed.prepare(ssog, images, device=device)
     e = {"gain": args.gain, **enc.summary(), "state_norm_t1": wellposed.sample_norm(enc.center[-1]).tolist(),
@@ -729,7 +737,7 @@ def run_enclosure_only(args) -> tuple[str, dict, list]:
                           fmt(e["state_norm_t1"][0]), fmt(e["tube_max"][0]), fmt(e["mu_max"][0]),
                           fmt(e["curvature_max"]), fmt(e["variance_floor"]), fmt(e["stiffness_max"]),
                           f"{seconds:.0f}"]]), "",
-        time_breakdown(e), "",
+        time_breakdown(e), "", last_proven(e), "",
         "Existence and uniqueness of the true solution on [0, t1] follow where proven (proofs/S5.md, Theorem 5). "
         "No actual error is shown: a converged reference at this size is itself a long run.", "",
         f"Regenerate: `python experiments/divergence.py --enclosure-only --preset {args.preset} --threads {args.threads}`.",
@@ -764,6 +772,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the numbers to this path")
     p.add_argument("--docs", type=Path, default=None, help="docs directory (default: the repository's docs/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="--enclosure-only: a time budget for the enclosure; when used up, the report says up to "
+                        "which t the enclosure is proven and with which radius")
     p.add_argument("--runs", type=Path, default=Path("runs/trained"),
                    help="where experiments/trained.py keeps its digits models (the ODE/SSoG one is trained if missing)")
     p.add_argument("--enclosure-only", action="store_true",

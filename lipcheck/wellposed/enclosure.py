@@ -184,8 +184,8 @@ def _coef_sup(cn: list, h: float, d: int):
 def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol="auto", lognorm: str = "auto",
             defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024, tube: float | None = None,
             max_tube: float | None = None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
-            ref_max_per_step: int | None = None, ref_defect_abs: float | None = None, input_scale: float = 1.0,
-            device=None, dtype=torch.float64, progress: bool = True) -> Enclosure:
+            ref_max_per_step: int | None = None, ref_defect_abs: float | None = None, max_seconds: float | None = None,
+            input_scale: float = 1.0, device=None, dtype=torch.float64, progress: bool = True) -> Enclosure:
     """Proven enclosure of the ODE ViT's true trajectory from x0 = embed(images) on [0, t1] (SPEC S5).
 
     Solves with `method` at rtol = atol = `tol`, then proves ||x(s) - y(s)|| <= radius on every interval (see the
@@ -204,7 +204,8 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
     return enclose_field(field, x0, t1, method=method, tol=tol, ref_tol=ref_tol, defect_ratio=defect_ratio,
                          mu_slack=mu_slack, max_per_step=max_per_step, tube=tube, max_tube=max_tube,
                          ref_defect_ratio=ref_defect_ratio, ref_mu_slack=ref_mu_slack,
-                         ref_max_per_step=ref_max_per_step, ref_defect_abs=ref_defect_abs, progress=progress)
+                         ref_max_per_step=ref_max_per_step, ref_defect_abs=ref_defect_abs, max_seconds=max_seconds,
+                         progress=progress)
 
 
 def _check_inputs(x0, t1, tube, max_tube, defect_ratio, mu_slack, max_per_step):
@@ -319,7 +320,8 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
                   tube: float | None = None, max_tube: float | None = None, mu_claim=None,
                   solver_field=None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
                   ref_max_per_step: int | None = None, ref_max_steps: int = 512,
-                  ref_defect_abs: float | None = None, progress: bool = False) -> Enclosure:
+                  ref_defect_abs: float | None = None, max_seconds: float | None = None,
+                  progress: bool = False) -> Enclosure:
     """The enclosure of field's true solution around the solve y at rtol = atol = `tol` (Theorems 5 and 6).
 
     ref_tol = None: the direct enclosure of y (Theorem 5). Otherwise (default "auto": tol * 1e-3, not below 1e-11;
@@ -331,7 +333,8 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     enclosure of y_ref, whose defect sub-intervals are refined (up to `ref_max_per_step`, default 8 max_per_step)
     until the remainder is below `ref_defect_ratio` times a rough sup ||y - y_ref|| / t1, or below
     `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most `ref_max_steps`) until its
-    sampled defect is below the same target.
+    sampled defect is below the same target. `max_seconds`: a time budget for the enclosure loop; when it is used
+    up the samples not yet proven get the reason "time budget ... proven on [0, t] with radius r there".
 
     The field object has the `SSoGField` interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
     lognorm(y, v, eps_J), uses_variance). `mu_claim` (float or callable y -> (B,)) replaces the verified point
@@ -343,7 +346,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     check_tolerances([tol])
     rt = _resolve_ref_tol(tol, ref_tol)
     direct = dict(method=method, max_per_step=max_per_step, tube=tube, max_tube=max_tube, mu_claim=mu_claim,
-                  solver_field=solver_field, progress=progress)
+                  solver_field=solver_field, progress=progress, max_seconds=max_seconds)
     if rt is None:
         return _enclose_direct(field, x0, t1, tol=tol, defect_ratio=defect_ratio, mu_slack=mu_slack, **direct)
     start = time.perf_counter()
@@ -519,7 +522,7 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
                   defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024,
                   tube: float | None = None, max_tube: float | None = None, mu_claim=None,
                   solver_field=None, progress: bool = False, defect_abs: float = 0.0,
-                  pieces=None) -> Enclosure:
+                  pieces=None, max_seconds: float | None = None) -> Enclosure:
     """The enclosure for any field object with the `SSoGField` interface (__call__, lipschitz(v), curvature(v),
     rounding(y, v), lognorm(y, v, eps_J), uses_variance). `mu_claim` (float or callable y -> (B,)) replaces the
     verified point log-norms by a claimed bound; the claim is then checked against a certified lower value of
@@ -594,7 +597,8 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
     env_data, spans = [], []
     fine, mu_pts, mu_groups = [], [], []
     defect_seconds = lognorm_seconds = 0.0
-    for k in tqdm(range(len(steps)), desc="enclose", disable=not progress, leave=False):
+    bar = tqdm(range(len(steps)), desc="enclose", disable=not progress, leave=False)
+    for k in bar:
         # one step at a time (defect, log-norms, propagation), so that a failure stops the work where it happens
         clock = time.perf_counter()
         m = 8
@@ -680,6 +684,12 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
                                                           for bb in range(B)],
                                  std=std_floor.tolist(), drift=drift.tolist()))
         smp["y"] = None  # (m+1) states of n numbers: not kept across steps (memory at full size)
+        bar.set_postfix(t=f"{times[-1]:.4g}", radius=f"{max(radius[-1]):.3g}")
+        if max_seconds is not None and time.perf_counter() - start > max_seconds and k < len(steps) - 1:
+            for bb in range(B):  # out of time: what holds so far is reported, the rest is not proven
+                if reason[bb] is None:
+                    reason[bb] = (f"time budget of {max_seconds:.0f} s used up after step {k}: proven on "
+                                  f"[0, {times[-1]:.6g}] with radius {radius[-1][bb]:.3g} there, not beyond")
         if all(x is not None for x in reason) and k < len(steps) - 1:
             # every sample has failed: one closing interval to t1 with an infinite radius, nothing more to compute
             times.append(t1), spans.append(None), radius.append([math.inf] * B)
