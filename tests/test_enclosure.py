@@ -657,3 +657,16 @@ def test_structured_lognorm_cache_gives_a_valid_bound():
         S = ((D2 + D2.transpose(-1, -2)) / 2).numpy()
         top = np.linalg.eigvalsh(S).max(axis=-1).max(axis=-1)
         assert (top + k.T_norm * n1.amax(-1).numpy() <= val.numpy()).all()
+
+
+def test_time_budget_reports_what_holds_so_far():
+    """max_seconds = 0: the first step is done, then the rest is not proven; the finite radii still hold (expm)."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, max_seconds=0.0)
+    assert not enc.proven.any() and all("time budget" in r and "proven on [0," in r for r in enc.reason)
+    assert float(enc.t[-1]) == 1.0 and torch.isinf(enc.radius[-1]).all()
+    fin = torch.isfinite(enc.radius[:, 0])
+    assert fin[:-1].all() and len(enc.t) >= 3
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err[:-1] <= enc.radius[:-1].numpy()).all()
