@@ -158,6 +158,8 @@ def md_table(header: list[str], rows: list[list]) -> str:
 REPORTS = {
     "divergence": "Picard-Lindelof checked on the SSoG Neural-ODE ViT: solvers and tolerances converge to one "
                   "trajectory, perturbations stay inside the Gronwall envelope, dense attention contrasted (S5).",
+    "divergence_ti": "The proven enclosure of the full-size ODE ViT (preset ti, 224x224, one image): radius, time, "
+                     "or the check that failed and where (`experiments/divergence.py --enclosure-only --preset ti`).",
     "lipschitz": "Certified two-sided Lipschitz bounds for fixed-kernel SSoG at every grid size, the resolution-free "
                  "bound, and the block / vector-field constants (S1-S3).",
     "exactness": "Every certified upper bound on Lip(SSoG) beside the exact norm at ViT token grids: the Toeplitz "

@@ -134,6 +134,47 @@ check("delta'' = y''' - F''(y)[y', y'] - F'(y) y''", sp.simplify(sp.expand(d2.do
 th = sp.symbols("theta", real=True)
 check("Taylor remainder at |theta| = tau/2 is tau^2/8 M", sp.simplify((th ** 2 / 2).subs(th, tau / 2) - tau ** 2 / 8) == 0)
 
+# Step 6b (linear interpolation of delta on [0, tau]): the Green's function of -d^2/ds^2 with zero end values,
+# G(s, r) = r (tau - s)/tau for r <= s and s (tau - r)/tau for r >= s, is >= 0 and integrates to s (tau - s)/2,
+# whose maximum over s is tau^2/8: ||delta - l|| <= tau^2/8 sup ||delta''||.
+r_ = sp.symbols("r", nonnegative=True)
+G_int = sp.integrate(r_ * (tau - s) / tau, (r_, 0, s)) + sp.integrate(s * (tau - r_) / tau, (r_, s, tau))
+check("int_0^tau G(s, r) dr = s (tau - s)/2", sp.simplify(G_int - s * (tau - s) / 2) == 0)
+check("max_s s (tau - s)/2 = tau^2/8 at s = tau/2",
+      sp.solve(sp.diff(s * (tau - s) / 2, s), s) == [tau / 2]
+      and sp.simplify((s * (tau - s) / 2).subs(s, tau / 2) - tau ** 2 / 8) == 0)
+f_ = sp.Function("f")
+lin = f_(0) + (f_(tau) - f_(0)) * s / tau
+# the representation f - l = -int G f'' holds for f = polynomials up to degree 3 (checked on a generic cubic)
+c0, c1, c2, c3 = sp.symbols("c0:4", real=True)
+cub = c0 + c1 * s + c2 * s ** 2 + c3 * s ** 3
+cub_r = cub.subs(s, r_)
+rep = -(sp.integrate(r_ * (tau - s) / tau * sp.diff(cub_r, r_, 2), (r_, 0, s))
+        + sp.integrate(s * (tau - r_) / tau * sp.diff(cub_r, r_, 2), (r_, s, tau)))
+lin_c = cub.subs(s, 0) + (cub.subs(s, tau) - cub.subs(s, 0)) * s / tau
+check("f - l = -int G f'' (generic cubic)", sp.simplify(sp.expand(cub - lin_c - rep)) == 0)
+
+# Step 7 (Lemma 6): Bernstein coefficients of a quartic from its values at 0, 1/4, 1/2, 3/4, 1, computed here
+# independently (sympy: interpolate, then expand in the Bernstein basis), equal the code's exact matrix; the
+# basis is a nonnegative partition of unity; and b_j = sum_{k<=j} C(j,k)/C(n,k) a_k for the power basis.
+sg = sp.symbols("sigma")
+vs = sp.symbols("v0:5")
+pq = sp.interpolate(list(zip([sp.Rational(i, 4) for i in range(5)], vs)), sg)
+Bq = [sp.binomial(4, j) * sg ** j * (1 - sg) ** (4 - j) for j in range(5)]
+bs = sp.symbols("b0:5")
+sol = sp.solve(sp.Poly(sp.expand(sum(b * B for b, B in zip(bs, Bq)) - pq), sg).all_coeffs(), bs, dict=True)[0]
+M_sym = [[sp.expand(sol[bs[j]]).coeff(vs[i]) for i in range(5)] for j in range(5)]
+from lipcheck.wellposed.enclosure import _bernstein_matrix  # noqa: E402
+check("values -> Bernstein matrix equals the code's", M_sym == [[sp.Rational(x.numerator, x.denominator) for x in row]
+                                                             for row in _bernstein_matrix()])
+check("Bernstein basis sums to 1", sp.simplify(sum(Bq) - 1) == 0)
+a_s = sp.symbols("a0:4")
+n3 = 3
+B3 = [sp.binomial(n3, j) * sg ** j * (1 - sg) ** (n3 - j) for j in range(n3 + 1)]
+b3 = [sum(sp.binomial(j, k) / sp.binomial(n3, k) * a_s[k] for k in range(j + 1)) for j in range(n3 + 1)]
+check("power -> Bernstein: b_j = sum_k C(j,k)/C(n,k) a_k (cubic)",
+      sp.expand(sum(b * B for b, B in zip(b3, B3)) - sum(a * sg ** k for k, a in enumerate(a_s))) == 0)
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

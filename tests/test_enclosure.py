@@ -551,3 +551,122 @@ def test_token_jacobians_without_layernorm_are_the_identity_and_the_mlp_jacobian
         for i in range(6):
             J = torch.autograd.functional.jacobian(blk.mlp, x[b, i])
             assert torch.allclose(D2[b, i], J, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------ the reference method (Theorem 6) and its pieces
+
+def test_reference_method_is_tight_on_the_linear_ode():
+    """x' = A x: with a reference solve the radius is within 1.5x of the actual error at t1 (the stated factor) and
+    contains expm at every time; the direct enclosure of the same solve is 10x or more looser."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6)  # ref_tol="auto"
+    direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None)
+    assert enc.proven.all() and direct.proven.all()
+    assert enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.reference is not None and direct.reference is None
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err <= enc.radius.numpy()).all()
+    ratio = enc.radius[-1].numpy() / err[-1]
+    assert (ratio < 1.5).all(), ratio
+    exact_d = _expm_solution(A, x0, direct.t.tolist())
+    err_d = np.linalg.norm(exact_d - direct.center.reshape(len(direct.t), 2, -1).numpy(), axis=-1)
+    assert (direct.radius[-1].numpy() / err_d[-1] > 10 * ratio).all()
+    # the centre is the user's solve: the same states as the direct run's solve at tol 1e-6 at t1
+    assert torch.allclose(enc.center[-1], direct.center[-1], rtol=0, atol=1e-14)
+    # radius = distance + reference radius, and the distance is a proven sup, so >= ||y - y_ref|| at the nodes
+    ref_exact = _expm_solution(A, x0, enc.reference.t.tolist())
+    yr = enc.reference.center.reshape(len(enc.t), 2, -1).numpy()
+    assert (np.linalg.norm(enc.center.reshape(len(enc.t), 2, -1).numpy() - yr, axis=-1)
+            <= enc.distance.numpy() * (1 + 1e-9) + 1e-15).all()
+    assert (np.linalg.norm(ref_exact - yr, axis=-1) <= enc.reference.radius.numpy()).all()
+
+
+def test_reference_method_failures_are_reported_not_a_radius():
+    A, x0 = _linear_case()
+    small = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, tube=1e-14)
+    assert not small.proven.any() and all("reference solve" in r and "tube" in r for r in small.reason)
+    assert torch.isinf(small.radius[-1]).all()
+    # the work stops at the first failed interval: one closing interval to t1 (radius inf), t still ends on t1
+    assert len(small.t) == 3 and float(small.t[-1]) == 1.0 and torch.isinf(small.radius[1:]).all()
+    assert small.reference.stats["steps"] > 1 and len(small.reference.stats["stiffness"]) == 1
+    mu = float(np.linalg.eigvalsh((A + A.T) / 2).max())
+    low = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, mu_claim=mu - 0.05)
+    assert not low.proven.any() and all("log-norm" in r for r in low.reason) and torch.isinf(low.radius[-1]).all()
+    wrong = LinearField(A + 0.5 * np.eye(A.shape[0]))  # both solves integrate a wrong field: a large defect
+    capped = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, solver_field=wrong, max_tube=1e-3)
+    assert not capped.proven.any() and torch.isinf(capped.radius[-1]).all()
+    with pytest.raises(wp.EnclosureError, match="ref_tol"):
+        wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=1e-3)
+
+
+def test_bernstein_distance_bounds_the_sup_between_nodes():
+    """_distance against a dense evaluation of both piecewise quartics (numpy, 2001 points per interval)."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(5)
+    steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
+    coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in steps]
+    for k in range(1, len(steps)):  # continuous at y's step ends, as a solver's output is (up to round-off)
+        coefs[k][0] = coefs[k - 1].sum(0)
+    rsteps = [(0.0, 0.5), (0.5, 1.0)]
+    rcoefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in rsteps]
+    rcoefs[1][0] = rcoefs[0].sum(0)
+    spans = [(0, 0, 4, 8), (0, 4, 8, 8), (1, 0, 8, 8)]
+    dist, centers = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
+
+    def ev(st, cf, t):
+        k = min(np.searchsorted([b for _, b in st], t, side="right"), len(st) - 1)
+        a, b = st[k]
+        s = (t - a) / (b - a)
+        return sum(cf[k][j].reshape(2, 3).numpy() * s ** j for j in range(5))
+
+    times = [(0.0, 0.0), (0.0, 0.25), (0.25, 0.5), (0.5, 1.0)]
+    for p, (ta, tb) in enumerate(times):
+        worst = np.max([np.linalg.norm(ev(steps, coefs, t) - ev(rsteps, rcoefs, t), axis=-1)
+                        for t in np.linspace(ta, tb, 2001)], axis=0)
+        assert (worst <= dist[p].numpy()).all()
+        assert (dist[p].numpy() <= worst * 1.02 + 1e-12).all()  # and tight (halving until within 1 %)
+    assert np.allclose(centers[-1].reshape(2, 3).numpy(), ev(steps, coefs, 1.0))
+
+
+def test_field_constants_refuse_an_unknown_layernorm():
+    k = ln.field_constants(_block(), 2, 2)
+    for which in (0, 3, "2"):
+        with pytest.raises(ValueError, match="which"):
+            k.ln_jacobian(which, 0.5)
+        with pytest.raises(ValueError, match="which"):
+            k.ln_curvature(which, 0.5)
+    assert k.ln_jacobian(2, 0.5) == pytest.approx(k.g2 / math.sqrt(0.5 + k.eps2))
+
+
+def test_structured_lognorm_cache_gives_a_valid_bound():
+    """The cached-eigenvector path (Cholesky at the Rayleigh quotient) bounds every per-token mu_2(D2_i)
+    computed by numpy here, with garbage vectors in the cache too."""
+    blk = _block(C=6, seed=2)
+    for p in blk.parameters():
+        p.requires_grad_(False)
+    k = ln.field_constants(blk, 2, 2)
+    y = torch.randn(2, 2, 2, 6, generator=torch.Generator().manual_seed(3), dtype=D)
+    cache = {}
+    a = ln.structured_lognorm(blk, k, y, 0.0, cache=cache)
+    b = ln.structured_lognorm(blk, k, y * 1.01, 0.0, cache=cache)
+    assert cache["eigensolves"] >= 1
+    cache["vec"] = torch.randn_like(cache["vec"])
+    c = ln.structured_lognorm(blk, k, y * 1.01, 0.0, cache=cache)
+    for val, yy in ((a, y), (b, y * 1.01), (c, y * 1.01)):
+        n1, D2 = ln.token_jacobians(blk, yy)
+        S = ((D2 + D2.transpose(-1, -2)) / 2).numpy()
+        top = np.linalg.eigvalsh(S).max(axis=-1).max(axis=-1)
+        assert (top + k.T_norm * n1.amax(-1).numpy() <= val.numpy()).all()
+
+
+def test_time_budget_reports_what_holds_so_far():
+    """max_seconds = 0: the first step is done, then the rest is not proven; the finite radii still hold (expm)."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, max_seconds=0.0)
+    assert not enc.proven.any() and all("time budget" in r and "proven on [0," in r for r in enc.reason)
+    assert float(enc.t[-1]) == 1.0 and torch.isinf(enc.radius[-1]).all()
+    fin = torch.isfinite(enc.radius[:, 0])
+    assert fin[:-1].all() and len(enc.t) >= 3
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err[:-1] <= enc.radius[:-1].numpy()).all()

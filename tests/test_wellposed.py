@@ -329,3 +329,41 @@ def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
     assert np.allclose(c["bound"][0], want, rtol=1e-10, atol=1e-300)
     assert c["max_delta"] == max(d) and 0 < c["rigorous_margin_max"] < math.inf
     assert c["bound_t1"][0] == c["bound"][0][-1] and c["actual_t1"][0] == c["actual"][0][-1]
+
+
+def test_adjoint_and_backprop_gradients_against_finite_differences():
+    """gradient_check: both gradients' directional derivatives along a random v match a central finite difference
+    of <w, x(t1)> computed here with torchdiffeq's dopri8 at 1e-11 (independent of lipcheck's solver wrappers);
+    NFE of the backward pass counted apart (0 for backprop, > 0 for the adjoint); min-step clamps counted."""
+    import torchdiffeq
+    from lipcheck import ViT
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=torch.float64, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+                depth=1, num_classes=3, mlp_ratio=2.0).eval()
+    with torch.no_grad():
+        for mod in model.vector_field.block.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.mul_(3.0)  # a field that bends the trajectory
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    r = wp.gradient_check(model, images, tol=1e-8, seed=3)
+    blk = model.vector_field.block
+    with torch.no_grad():
+        x0 = model.embed(images)
+        w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        v = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+        tt = torch.tensor([0.0, float(model.t1)], dtype=torch.float64)
+        f = lambda x: float((torchdiffeq.odeint(lambda t, z: blk.vector_field(z), x, tt, method="dopri8", rtol=1e-11,
+                                                atol=1e-11)[-1] * w).sum())
+        eps = 1e-5
+        fd = (f(x0 + eps * v) - f(x0 - eps * v)) / (2 * eps)
+    for name in ("adjoint", "backprop"):
+        g = r["grad_x0_" + name]
+        assert abs(float((g * v).sum()) - fd) <= 1e-5 * (1 + abs(fd)), (name, float((g * v).sum()), fd)
+    assert r["backprop"]["nfe_backward"] == 0 and r["adjoint"]["nfe_backward"] > 0
+    assert r["adjoint"]["accepted_backward"] > 0 and r["backprop"]["accepted"] == r["adjoint"]["accepted"]
+    assert 0 < r["rel_diff"] < 1e-4 and r["backprop"]["min_step_clamps"] == 0  # min_step = 0: no clamp
+    clamped = wp.gradient_check(model, images, tol=1e-12, min_step=float(model.t1) / 4)
+    # at tol 1e-12 the solver wants far shorter steps than t1/4: every step of length t1/4 is a forced accept
+    assert 1 <= clamped["backprop"]["min_step_clamps"] <= clamped["backprop"]["accepted"] <= 4
+    with pytest.raises(ValueError, match="min_step"):
+        wp.gradient_check(model, images, min_step=-1.0)

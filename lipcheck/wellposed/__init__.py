@@ -7,10 +7,12 @@
 - `gronwall`: `perturbation_growth` against exp(L t) with the global and local Lipschitz constants;
 - `certificate`: the sampled a-posteriori bound int exp(L (t - s)) ||delta(s)|| ds (kept for comparison);
 - `enclosure`: `enclose`, the computer-assisted proof: a rigorous tube around the computed solution,
-  with the defect bounded on whole steps and the logarithmic norm in place of L (proofs/S5.md).
+  with the defect bounded on whole steps and the logarithmic norm in place of L (proofs/S5.md);
+- `gradients`: `gradient_check`, adjoint against backpropagation, NFE forward / backward counted separately.
 """
 from .certificate import _quartic_fit, _upper_sum, aposteriori_certificate
 from .enclosure import Enclosure, EnclosureError, SSoGField, enclose, enclose_field, lognorm_envelope
+from .gradients import gradient_check
 from .gronwall import (auto_grid, envelope_violations, flow_map, perturbation_growth, segment_variance_floor, token_speed_bound,
                        vector_field_constants, worst_direction)
 from .solve import (METHODS, RK4_STEPS, STAGES, TOLERANCES, CountingField, Reference, check_methods,
@@ -22,4 +24,4 @@ __all__ = ["METHODS", "TOLERANCES", "RK4_STEPS", "STAGES", "CountingField", "Ref
            "reference_solution", "tolerance_sweep", "convergence_summary", "vector_field_constants",
            "token_speed_bound", "segment_variance_floor", "flow_map", "worst_direction", "auto_grid",
            "perturbation_growth", "aposteriori_certificate", "enclose", "Enclosure", "EnclosureError",
-           "lognorm_envelope", "envelope_violations", "enclose_field", "SSoGField"]
+           "lognorm_envelope", "envelope_violations", "enclose_field", "SSoGField", "gradient_check"]
