@@ -35,10 +35,12 @@ def axis_factors(H: int, W: int, alpha, mu, sigma):
     return GH, GW
 
 
-def _mix_matmul(v, alpha, mu, sigma):
+def _prepare_matmul(H, W, alpha, mu, sigma):
+    return axis_factors(H, W, alpha, mu, sigma)
+
+
+def _apply_matmul(v, GH, GW):
     """Dense axis factors: O(B C M (H^2 W + H W^2)) multiply-adds."""
-    B, H, W, h, d = v.shape
-    GH, GW = axis_factors(H, W, alpha, mu, sigma)
     t = torch.einsum("hmjl,bilhd->bhmijd", GW, v)  # along x
     return torch.einsum("hmik,bhmkjd->bijhd", GH, t)  # along y, summed over components
 
@@ -70,7 +72,16 @@ def _toeplitz(n: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return taps[..., (idx[:, None] - idx[None, :]) + (n - 1)]
 
 
-def _mix_stacked(v, alpha, mu, sigma):
+def _prepare_stacked(H, W, alpha, mu, sigma):
+    """[G_W^1; ...; G_W^M] (h, M W, W) with rows (m, j), and [alpha_m G_H^m[i, k]] (h, H, H M) with
+    columns (k, m)."""
+    h, M = alpha.shape
+    GW = _toeplitz(W, mu[..., 1], sigma[..., 1]).reshape(h, M * W, W)  # rows (m, j)
+    GH = _toeplitz(H, mu[..., 0], sigma[..., 0]) * alpha[..., None, None]  # (h, M, H, H) [m, i, k]
+    return GW, GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
+
+
+def _apply_stacked(v, GW, GH):
     """Dense axis factors as two GEMMs per head, the M components stacked; no transposing copies.
 
     x axis: [G_W^1; ...; G_W^M] (M W x W) times every (W x d) slab v[b, k, :, h, :] in place (a
@@ -79,10 +90,7 @@ def _mix_stacked(v, alpha, mu, sigma):
     GEMM's contraction. Same multiply-adds as "matmul", fewer and larger GEMMs, one copy (the stack).
     """
     B, H, W, h, d = v.shape
-    M = alpha.shape[1]
-    GW = _toeplitz(W, mu[..., 1], sigma[..., 1]).reshape(h, M * W, W)  # rows (m, j)
-    GH = _toeplitz(H, mu[..., 0], sigma[..., 0]) * alpha[..., None, None]  # (h, M, H, H) [m, i, k]
-    GH = GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
+    M = GW.shape[1] // W
     outs = []
     for i in range(h):
         t = torch.matmul(GW[i], v[:, :, :, i, :].reshape(B * H, W, d))  # (B H, M W, d) = [b, k, m, j, e]
@@ -116,33 +124,46 @@ def truncation_radius(n: int, mu: torch.Tensor, sigma: torch.Tensor, tol: float)
     return max(0, min(int(n) - 1, r))
 
 
-def _mix_truncated(v, alpha, mu, sigma, tol=None):
-    """Truncated depthwise convolution along each axis: O(B C N sum_m (r_x,m + r_y,m)) multiply-adds.
-
-    Per component m: a depthwise convolution along x with g_x,m, then one along y with alpha_m g_y,m,
-    summed over m; each component has its own radii (the largest over heads), so narrow components
-    cost few taps. The convolution's zero padding is exactly the zero padding of the Toeplitz
-    factors. Error per output entry <= sum_m |alpha_m| (eps_y + eps_x + eps_y eps_x) max|v| with
-    eps <= tol (see truncation_radius): below float rounding at the default tol.
-    """
-    B, H, W, h, d = v.shape
+def _prepare_truncated(H, W, alpha, mu, sigma, tol=None):
+    """Per component m: (r_y, r_x, y taps alpha_m g_y,m flipped, x taps g_x,m flipped), each
+    component with its own radii (the largest over heads), so narrow components cost few taps."""
     M = alpha.shape[1]
-    C = h * d
-    tol = truncation_tol(v.dtype) if tol is None else tol
-    # (B, H, W, C) viewed as (B, C, H, W) is the channels_last layout the depthwise kernels like best.
-    x = v.reshape(B, H, W, C).permute(0, 3, 1, 2)
-    out = None
+    tol = truncation_tol(mu.dtype) if tol is None else tol
+    out = []
     for m in range(M):
         ry = truncation_radius(H, mu[:, m, 0], sigma[:, m, 0], tol)
         rx = truncation_radius(W, mu[:, m, 1], sigma[:, m, 1], tol)
         # conv2d is a cross-correlation, out[i] = sum_t w[t] x[i + t - r], so w[t] = g(r - t): flip the taps.
         gx = _taps(rx, mu[:, m, 1], sigma[:, m, 1]).flip(-1)  # (h, 2rx+1)
         gy = (_taps(ry, mu[:, m, 0], sigma[:, m, 0]) * alpha[:, m, None]).flip(-1)  # (h, 2ry+1)
+        out.append((ry, rx, gy, gx))
+    return tuple(out)
+
+
+def _apply_truncated(v, *components):
+    """Truncated depthwise convolution along each axis: O(B C N sum_m (r_x,m + r_y,m)) multiply-adds.
+
+    Per component m: a depthwise convolution along x with g_x,m, then one along y with alpha_m g_y,m,
+    summed over m. The convolution's zero padding is exactly the zero padding of the Toeplitz
+    factors. Error per output entry <= sum_m |alpha_m| (eps_y + eps_x + eps_y eps_x) max|v| with
+    eps <= tol (see truncation_radius): below float rounding at the default tol.
+    """
+    B, H, W, h, d = v.shape
+    C = h * d
+    # (B, H, W, C) viewed as (B, C, H, W) is the channels_last layout the depthwise kernels like best.
+    x = v.reshape(B, H, W, C).permute(0, 3, 1, 2)
+    out = None
+    for ry, rx, gy, gx in components:
         wx = gx[:, None].expand(h, d, 2 * rx + 1).reshape(C, 1, 1, 2 * rx + 1)
         wy = gy[:, None].expand(h, d, 2 * ry + 1).reshape(C, 1, 2 * ry + 1, 1)
         y = F.conv2d(F.conv2d(x, wx, padding=(0, rx), groups=C), wy, padding=(ry, 0), groups=C)
         out = y if out is None else out + y
     return out.permute(0, 2, 3, 1).reshape(B, H, W, h, d)
+
+
+def _mix_truncated(v, alpha, mu, sigma, tol=None):
+    """Truncated backend in one call (prepare + apply), with an explicit truncation tolerance."""
+    return _apply_truncated(v, *_prepare_truncated(v.shape[1], v.shape[2], alpha, mu, sigma, tol))
 
 
 def fft_size(n: int) -> int:
@@ -158,31 +179,48 @@ def fft_size(n: int) -> int:
         m += 1
 
 
-def _mix_fft(v, alpha, mu, sigma):
-    """2-D FFT convolution with the summed kernel k_h[a, b] = sum_m alpha g_y(a) g_x(b), |a| < H, |b| < W.
-
-    Zero padding to L >= 2n - 1 per axis makes the circular convolution equal the Toeplitz one on the
-    n x n output window. O(B C L_H L_W log(L_H L_W)), independent of M and sigma.
-    """
-    B, H, W, h, d = v.shape
+def _prepare_fft(H, W, alpha, mu, sigma):
+    """rfft2 of the summed kernel k_h[a, b] = sum_m alpha g_y(a) g_x(b), |a| < H, |b| < W, zero padded."""
     Lh, Lw = fft_size(H), fft_size(W)
     gy = _taps(H - 1, mu[..., 0], sigma[..., 0]) * alpha[..., None]  # (h, M, 2H-1)
     gx = _taps(W - 1, mu[..., 1], sigma[..., 1])  # (h, M, 2W-1)
     k2 = torch.einsum("hma,hmb->hab", gy, gx)  # offsets a = -(H-1)..H-1, b likewise
     kpad = F.pad(k2, (0, Lw - (2 * W - 1), 0, Lh - (2 * H - 1)))
     kpad = torch.roll(kpad, shifts=(-(H - 1), -(W - 1)), dims=(1, 2))  # offset 0 at index 0, negatives wrap
-    khat = torch.fft.rfft2(kpad)  # (h, Lh, Lw//2+1)
+    return (torch.fft.rfft2(kpad).permute(1, 2, 0)[..., None],)  # (Lh, Lw//2+1, h, 1)
+
+
+def _apply_fft(v, khat):
+    """2-D FFT convolution with the summed kernel.
+
+    Zero padding to L >= 2n - 1 per axis makes the circular convolution equal the Toeplitz one on the
+    n x n output window. O(B C L_H L_W log(L_H L_W)), independent of M and sigma.
+    """
+    B, H, W, h, d = v.shape
+    Lh, Lw = fft_size(H), fft_size(W)
     vhat = torch.fft.rfft2(v, s=(Lh, Lw), dim=(1, 2))  # (B, Lh, Lw//2+1, h, d)
-    out = torch.fft.irfft2(vhat * khat.permute(1, 2, 0)[..., None], s=(Lh, Lw), dim=(1, 2))
+    out = torch.fft.irfft2(vhat * khat, s=(Lh, Lw), dim=(1, 2))
     return out[:, :H, :W]
 
 
-BACKENDS: dict[str, Callable] = {
-    "matmul": _mix_matmul,
-    "stacked": _mix_stacked,
-    "truncated": _mix_truncated,
-    "fft": _mix_fft,
+# Every backend is a pair: prepare(H, W, alpha, mu, sigma) -> factors, which depends on the kernel
+# parameters only (the module caches it while they do not change), and apply(v, *factors).
+BACKEND_PARTS: dict[str, tuple[Callable, Callable]] = {
+    "matmul": (_prepare_matmul, _apply_matmul),
+    "stacked": (_prepare_stacked, _apply_stacked),
+    "truncated": (_prepare_truncated, _apply_truncated),
+    "fft": (_prepare_fft, _apply_fft),
 }
+
+
+def _one_call(prepare, apply):
+    def mix(v, alpha, mu, sigma):
+        return apply(v, *prepare(v.shape[1], v.shape[2], alpha, mu, sigma))
+    return mix
+
+
+BACKENDS: dict[str, Callable] = {name: _one_call(*parts) for name, parts in BACKEND_PARTS.items()}
+BACKENDS["truncated"] = _mix_truncated  # takes an explicit tol as well
 
 
 def ssog_mix(v: torch.Tensor, alpha: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor,
@@ -205,6 +243,66 @@ def operator_matrices(H: int, W: int, alpha, mu, sigma) -> torch.Tensor:
     h, M = alpha.shape
     K = torch.einsum("hmac,hmbd->habcd", GH, GW)  # [a, b] = (i, j), [c, d] = (i', j')
     return K.reshape(h, H * W, H * W)
+
+
+def _functorch_wrapped(t: torch.Tensor) -> bool:
+    try:
+        return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    except AttributeError:  # older torch: no functorch wrappers to worry about
+        return False
+
+
+def _tensors(obj):
+    """Every tensor inside nested tuples (the prepared factors of any backend)."""
+    if torch.is_tensor(obj):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+
+
+def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
+    return F.softplus(sigma_raw) + SIGMA_FLOOR
+
+
+class _FactorGrad(torch.autograd.Function):
+    """Identity on cached (graph-free) factors; its backward rebuilds them from alpha, mu, sigma_raw
+    with autograd and pulls the incoming gradients back to those parameters (double backward too)."""
+
+    @staticmethod
+    def forward(ctx, H, W, backend, treedef, alpha, mu, sigma_raw, *flat):
+        ctx.grid, ctx.backend = (H, W), backend
+        ctx.save_for_backward(alpha, mu, sigma_raw)
+        return tuple(f.detach() for f in flat)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        alpha, mu, sigma_raw = ctx.saved_tensors
+        double = torch.is_grad_enabled()  # create_graph: keep the path to the parameters themselves
+        with torch.enable_grad():
+            leaves = [t if double and t.requires_grad else t.detach().requires_grad_(True)
+                      for t in (alpha, mu, sigma_raw)]
+            factors = BACKEND_PARTS[ctx.backend][0](*ctx.grid, leaves[0], leaves[1], _effective_sigma(leaves[2]))
+            outs = [f for f in _tensors(factors)]
+            pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+            gp = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
+                                     create_graph=double) if pairs else (None,) * 3
+        gp = [g if need else None for g, need in zip(gp, ctx.needs_input_grad[4:7])]
+        return (None, None, None, None, *gp, *([None] * len(grads)))
+
+
+def _attach_gradient(H, W, backend, factors, alpha, mu, sigma_raw):
+    flat = list(_tensors(factors))
+    live = iter(_FactorGrad.apply(H, W, backend, None, alpha, mu, sigma_raw, *flat))
+    return _rebuild(factors, live)
+
+
+def _rebuild(obj, it):
+    if torch.is_tensor(obj):
+        return next(it)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_rebuild(o, it) for o in obj)
+    return obj
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -256,7 +354,7 @@ class SSoG(nn.Module):
 
     def gaussian_params(self):
         """Effective (alpha, mu, sigma), shapes (h, M), (h, M, 2), (h, M, 2); [..., 0] is y, [..., 1] is x."""
-        return self.alpha, self.mu, F.softplus(self.sigma_raw) + SIGMA_FLOOR
+        return self.alpha, self.mu, _effective_sigma(self.sigma_raw)
 
     @torch.no_grad()
     def set_gaussian_params(self, alpha=None, mu=None, sigma=None) -> None:
@@ -299,17 +397,70 @@ class SSoG(nn.Module):
         """Dense K_h for every head, shape (h, H*W, H*W). For verification on small grids only."""
         return operator_matrices(H, W, *self.gaussian_params())
 
+    # ----- kernel cache ------------------------------------------------------------------------
+    # The axis factors depend on alpha, mu, sigma_raw and the grid only. Building them (the
+    # normaliser, the taps, the representability check, the backend choice) costs a few hundred
+    # small operations: at 14x14 tokens as much as the mixing itself. They are kept while the
+    # parameters are unchanged, keyed on each parameter's version counter (bumped by every in-place
+    # write: optimizer steps, copy_ under no_grad, set_gaussian_params, load_state_dict), its storage
+    # address, dtype and device (a .to() or a .data swap), the grid and the inference mode. The cached
+    # factors carry no autograd graph; where the kernel parameters need gradients, `_FactorGrad`
+    # attaches a fresh node per forward whose backward rebuilds the factors with autograd (so a cached
+    # factor is never tied to a graph that a backward pass has already freed).
+
+    def _cache_key(self, H: int, W: int):
+        ps = (self.alpha, self.mu, self.sigma_raw)
+        if any(_functorch_wrapped(p) for p in ps):
+            return None  # parameters replaced inside a torch.func transform: never cached
+        return (H, W, self.backend, torch.is_inference_mode_enabled(),
+                tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in ps))
+
+    def clear_kernel_cache(self) -> None:
+        self.__dict__["_kernel_cache"] = {}
+
+    def kernel_factors(self, H: int, W: int):
+        """(backend, factors) for an H x W grid: the backend chosen (for backend='auto') and its
+        prepared factors, refusing kernels the dtype cannot carry. Cached while the parameters do not change."""
+        key = self._cache_key(H, W)
+        if key is None:
+            return self._build_factors(H, W, *self.gaussian_params())
+        cache = self.__dict__.setdefault("_kernel_cache", {})
+        hit = cache.get(key[:3])
+        if hit is not None and hit[0] == key:
+            backend, factors = hit[1]
+        else:
+            with torch.no_grad():
+                backend, factors = self._build_factors(H, W, *self.gaussian_params())
+            if len(cache) >= 8:  # a handful of grids at most (one per resolution in use)
+                cache.clear()
+            cache[key[:3]] = (key, (backend, factors))
+        ps = (self.alpha, self.mu, self.sigma_raw)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in ps):
+            factors = _attach_gradient(H, W, backend, factors, *ps)
+        return backend, factors
+
+    def _build_factors(self, H, W, alpha, mu, sigma):
+        # a kernel the dtype cannot carry would come out as NaN: refuse instead
+        gaussian.check_representable(mu, sigma, alpha.dtype, name="SSoG kernel")
+        backend = choose_backend(H, W, alpha, mu, sigma) if self.backend == "auto" else self.backend
+        return backend, BACKEND_PARTS[backend][0](H, W, alpha, mu, sigma)
+
+    def _apply(self, fn, *args, **kwargs):
+        self.clear_kernel_cache()  # .to(), .float(), .cuda(): never serve factors of the old tensors
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_kernel_cache"] = {}
+        return state
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"SSoG expects (B, H, W, C={self.dim}), got {tuple(x.shape)}")
         B, H, W, C = x.shape
         v = self.v_proj(x).reshape(B, H, W, self.num_heads, self.head_dim)
-        backend = self.backend
-        # a kernel the dtype cannot carry would come out as NaN: refuse instead
-        gaussian.check_representable(self.mu, self.gaussian_params()[2], self.alpha.dtype, name="SSoG kernel")
-        if backend == "auto":
-            backend = choose_backend(H, W, *self.gaussian_params())
-        y = ssog_mix(v, *self.gaussian_params(), backend=backend)
+        backend, factors = self.kernel_factors(H, W)
+        y = BACKEND_PARTS[backend][1](v, *factors)
         return self.o_proj(y.reshape(B, H, W, C))
 
     def extra_repr(self) -> str:
