@@ -400,20 +400,21 @@ class SSoG(nn.Module):
     # ----- kernel cache ------------------------------------------------------------------------
     # The axis factors depend on alpha, mu, sigma_raw and the grid only. Building them (the
     # normaliser, the taps, the representability check, the backend choice) costs a few hundred
-    # small operations: at 14x14 tokens as much as the mixing itself. They are kept while the
-    # parameters are unchanged, keyed on each parameter's version counter (bumped by every in-place
-    # write: optimizer steps, copy_ under no_grad, set_gaussian_params, load_state_dict), its storage
-    # address, dtype and device (a .to() or a .data swap), the grid and the inference mode. The cached
-    # factors carry no autograd graph; where the kernel parameters need gradients, `_FactorGrad`
-    # attaches a fresh node per forward whose backward rebuilds the factors with autograd (so a cached
-    # factor is never tied to a graph that a backward pass has already freed).
+    # small operations: at 14x14 tokens as much as the mixing itself. They are kept per grid, dtype,
+    # device, backend and inference mode, together with a copy of the parameter values they were built
+    # from, and served only while the parameters still hold exactly those values (torch.equal on
+    # 5 h M numbers). Version counters alone would miss writes through `.data` (which gradcheck and
+    # older optimiser code use); the values see every change: optimizer steps, copy_ under no_grad,
+    # set_gaussian_params, load_state_dict, .to(). The cached factors carry no autograd graph; where
+    # the kernel parameters need gradients, `_FactorGrad` attaches a fresh node per forward whose
+    # backward rebuilds the factors with autograd (so no cached factor is tied to a graph that a
+    # backward pass has already freed).
 
     def _cache_key(self, H: int, W: int):
         ps = (self.alpha, self.mu, self.sigma_raw)
         if any(_functorch_wrapped(p) for p in ps):
             return None  # parameters replaced inside a torch.func transform: never cached
-        return (H, W, self.backend, torch.is_inference_mode_enabled(),
-                tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in ps))
+        return (H, W, self.backend, torch.is_inference_mode_enabled(), self.alpha.dtype, self.alpha.device)
 
     def clear_kernel_cache(self) -> None:
         self.__dict__["_kernel_cache"] = {}
@@ -424,17 +425,18 @@ class SSoG(nn.Module):
         key = self._cache_key(H, W)
         if key is None:
             return self._build_factors(H, W, *self.gaussian_params())
+        ps = (self.alpha, self.mu, self.sigma_raw)
         cache = self.__dict__.setdefault("_kernel_cache", {})
-        hit = cache.get(key[:3])
-        if hit is not None and hit[0] == key:
+        hit = cache.get(key)
+        if hit is not None and all(a.dtype == p.dtype and torch.equal(a, p) for a, p in zip(hit[0], ps)):
             backend, factors = hit[1]
         else:
             with torch.no_grad():
+                snapshot = tuple(p.detach().clone() for p in ps)
                 backend, factors = self._build_factors(H, W, *self.gaussian_params())
             if len(cache) >= 8:  # a handful of grids at most (one per resolution in use)
                 cache.clear()
-            cache[key[:3]] = (key, (backend, factors))
-        ps = (self.alpha, self.mu, self.sigma_raw)
+            cache[key] = (snapshot, (backend, factors))
         if torch.is_grad_enabled() and any(p.requires_grad for p in ps):
             factors = _attach_gradient(H, W, backend, factors, *ps)
         return backend, factors
