@@ -10,6 +10,7 @@ mixing, the output projection.
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable
 
 import torch
@@ -261,6 +262,44 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
+class ThreadPolicy:
+    """Thread count for one SSoG call on a CPU, chosen by measurement: torch's count or one thread.
+
+    A call is a dozen parallel regions or more (the projections, two axis products per head). On a machine whose other
+    cores are busy, every region waits for its slowest thread, which the scheduler may have parked
+    for a whole time slice: more threads can then be many times slower than one. The policy times
+    the mixing under both settings (one call each at first, then one probe call of the other setting
+    every `probe_every` calls), keeps an exponential average per grid and uses the faster. On a quiet
+    machine it settles on torch's count; under load on one thread. The result is the same number
+    either way: only the thread count changes.
+    """
+
+    def __init__(self, probe_every: int = 16, decay: float = 0.5):
+        self.probe_every, self.decay = probe_every, decay
+        self.stats: dict = {}
+
+    def choose(self, key) -> int:
+        n = torch.get_num_threads()
+        if n <= 1:
+            return n
+        st = self.stats.setdefault((key, n), {"calls": 0, n: None, 1: None})
+        st["calls"] += 1
+        if st[n] is None:
+            return n
+        if st[1] is None:
+            return 1
+        best = n if st[n] <= st[1] else 1
+        return (1 if best == n else n) if st["calls"] % self.probe_every == 0 else best
+
+    def record(self, key, threads: int, seconds: float) -> None:
+        n = torch.get_num_threads() if threads == 1 else threads
+        st = self.stats.get((key, n))
+        if st is None:
+            return
+        old = st[threads]
+        st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
     return F.softplus(sigma_raw) + SIGMA_FLOOR
 
@@ -338,6 +377,8 @@ class SSoG(nn.Module):
         self.mu = nn.Parameter(torch.empty(h, M, 2, **fk))
         self.sigma_raw = nn.Parameter(torch.empty(h, M, 2, **fk))
         self._init_sigma, self._init_mu = init_sigma, init_mu
+        # CPU only: on other devices the mixing is one stream of kernels with no thread count to choose
+        self.thread_policy = ThreadPolicy() if torch.device(device or "cpu").type == "cpu" else None
         self.reset_kernels()
 
     @torch.no_grad()
@@ -459,6 +500,26 @@ class SSoG(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"SSoG expects (B, H, W, C={self.dim}), got {tuple(x.shape)}")
+        policy = self.thread_policy
+        if policy is None or x.device.type != "cpu" or torch.get_num_threads() <= 1:
+            return self._mix(x)
+        B, H, W, _ = x.shape
+        key = (B, H, W, self.backend, x.dtype, torch.is_grad_enabled())
+        n = torch.get_num_threads()
+        k = policy.choose(key)
+        if k != n:
+            torch.set_num_threads(k)
+        t0 = time.perf_counter()
+        try:
+            y = self._mix(x)
+        finally:
+            if k != n:
+                torch.set_num_threads(n)
+        policy.record(key, k, time.perf_counter() - t0)
+        return y
+
+    def _mix(self, x: torch.Tensor) -> torch.Tensor:
+        """Value projection, per-head spatial mixing with the (cached) factors, output projection."""
         B, H, W, C = x.shape
         v = self.v_proj(x).reshape(B, H, W, self.num_heads, self.head_dim)
         backend, factors = self.kernel_factors(H, W)
