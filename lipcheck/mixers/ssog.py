@@ -68,8 +68,21 @@ def _taps(r: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
 
 def _toeplitz(n: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """G_n(mu, sigma) built from its 2n - 1 distinct taps (equal to gaussian.axis_matrix entry by entry)."""
-    taps = _taps(n - 1, mu, sigma)
-    idx = torch.arange(n, device=mu.device)
+    return _toeplitz_from_taps(n, _taps(n - 1, mu, sigma))
+
+
+def _axis_taps(H: int, W: int, mu: torch.Tensor, sigma: torch.Tensor):
+    """Taps of both axes from one kernel evaluation: g(k) for |k| <= max(H, W) - 1, shape (h, M, 2, 2r+1);
+    returns (y taps for |k| <= H - 1, x taps for |k| <= W - 1). One call instead of two halves the
+    small operations (and their backward) that building the factors costs."""
+    r = max(H, W) - 1
+    taps = _taps(r, mu, sigma)
+    return taps[..., 0, r - (H - 1):r + H], taps[..., 1, r - (W - 1):r + W]
+
+
+def _toeplitz_from_taps(n: int, taps: torch.Tensor) -> torch.Tensor:
+    """G_n[i, i'] = taps[i - i' + n - 1] for taps over k = -(n-1)..n-1."""
+    idx = torch.arange(n, device=taps.device)
     return taps[..., (idx[:, None] - idx[None, :]) + (n - 1)]
 
 
@@ -77,8 +90,9 @@ def _prepare_stacked(H, W, alpha, mu, sigma):
     """[G_W^1; ...; G_W^M] (h, M W, W) with rows (m, j), and [alpha_m G_H^m[i, k]] (h, H, H M) with
     columns (k, m)."""
     h, M = alpha.shape
-    GW = _toeplitz(W, mu[..., 1], sigma[..., 1]).reshape(h, M * W, W)  # rows (m, j)
-    GH = _toeplitz(H, mu[..., 0], sigma[..., 0]) * alpha[..., None, None]  # (h, M, H, H) [m, i, k]
+    ty, tx = _axis_taps(H, W, mu, sigma)
+    GW = _toeplitz_from_taps(W, tx).reshape(h, M * W, W)  # rows (m, j)
+    GH = _toeplitz_from_taps(H, ty * alpha[..., None])  # (h, M, H, H) [m, i, k]
     return GW, GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
 
 
@@ -183,8 +197,8 @@ def fft_size(n: int) -> int:
 def _prepare_fft(H, W, alpha, mu, sigma):
     """rfft2 of the summed kernel k_h[a, b] = sum_m alpha g_y(a) g_x(b), |a| < H, |b| < W, zero padded."""
     Lh, Lw = fft_size(H), fft_size(W)
-    gy = _taps(H - 1, mu[..., 0], sigma[..., 0]) * alpha[..., None]  # (h, M, 2H-1)
-    gx = _taps(W - 1, mu[..., 1], sigma[..., 1])  # (h, M, 2W-1)
+    gy, gx = _axis_taps(H, W, mu, sigma)  # (h, M, 2H-1), (h, M, 2W-1)
+    gy = gy * alpha[..., None]
     k2 = torch.einsum("hma,hmb->hab", gy, gx)  # offsets a = -(H-1)..H-1, b likewise
     kpad = F.pad(k2, (0, Lw - (2 * W - 1), 0, Lh - (2 * H - 1)))
     kpad = torch.roll(kpad, shifts=(-(H - 1), -(W - 1)), dims=(1, 2))  # offset 0 at index 0, negatives wrap
