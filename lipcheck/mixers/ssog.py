@@ -97,13 +97,21 @@ def _prepare_stacked(H, W, alpha, mu, sigma):
 
 
 def _apply_stacked(v, GW, GH):
-    """Dense axis factors as two GEMMs per head, the M components stacked; no transposing copies.
+    """Dense axis factors as GEMMs with the M components stacked.
 
-    x axis: [G_W^1; ...; G_W^M] (M W x W) times every (W x d) slab v[b, k, :, h, :] in place (a
-    strided batch), giving T[b, k, m, j, e]; y axis: [alpha_m G_H^m[i, k]] with columns ordered
-    (k, m) (H x H M) times T viewed as (H M x W d), so the sum over components happens inside the
-    GEMM's contraction. Same multiply-adds as "matmul", fewer and larger GEMMs, one copy (the stack).
+    x axis: [G_W^1; ...; G_W^M] (M W x W) times every (W x d) slab v[b, k, :, h, :], giving
+    T[b, k, m, j, e]; y axis: [alpha_m G_H^m[i, k]] with columns ordered (k, m) (H x H M) times T
+    viewed as (H M x W d), so the sum over components happens inside the GEMM's contraction. Same
+    multiply-adds as "matmul", fewer and larger GEMMs.
+
+    Two layouts of the same products, chosen by what follows:
+    - no autograd: per head, straight on the strided slabs of v (no copy in; one stack out);
+    - autograd: head-major, one batched GEMM per axis over all heads (one copy in, one out). Its
+      backward is two batched GEMMs per axis instead of a dozen small ones over strided slices and the
+      stack's slicing, 1.4-2x faster for a training step on a CPU.
     """
+    if torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad):
+        return _apply_stacked_heads(v.permute(3, 0, 1, 2, 4), GW, GH).permute(1, 2, 3, 0, 4)
     B, H, W, h, d = v.shape
     M = GW.shape[1] // W
     outs = []
@@ -111,6 +119,14 @@ def _apply_stacked(v, GW, GH):
         t = torch.matmul(GW[i], v[:, :, :, i, :].reshape(B * H, W, d))  # (B H, M W, d) = [b, k, m, j, e]
         outs.append(torch.matmul(GH[i], t.view(B, H * M, W * d)).view(B, H, W, d))
     return torch.stack(outs, 3)
+
+
+def _apply_stacked_heads(vh, GW, GH):
+    """The stacked products on head-major values vh (h, B, H, W, d), returning (h, B, H, W, d)."""
+    h, B, H, W, d = vh.shape
+    M = GW.shape[1] // W
+    T = torch.matmul(GW[:, None], vh.reshape(h, B * H, W, d))  # (h, B H, M W, d) = [h, b, k, m, j, e]
+    return torch.matmul(GH[:, None], T.view(h, B, H * M, W * d)).view(h, B, H, W, d)
 
 
 def truncation_tol(dtype: torch.dtype) -> float:
