@@ -1,18 +1,21 @@
 """Throughput and peak memory of SSoG against dense attention, 224x224 up to 1024x1024.
 
-    python experiments/throughput.py                 # the full benchmark -> docs/throughput.md (~30 min, 2-core CPU)
-    python experiments/throughput.py --quick         # a reduced set, under three minutes
+    python experiments/throughput.py                 # the full benchmark -> docs/throughput.md (~20-25 min, 2-core CPU)
+    python experiments/throughput.py --quick         # the 224 rows and the 64x64 mixer rows, under 5 minutes
     python experiments/throughput.py --device cuda --bf16 --batch-size 8
     lipcheck bench [same options]
 
-Three parts, every configuration in its own subprocess (lipcheck.bench.run_config):
-1. the mixer alone (projections included) on a 64x64 grid, C=384, 6 heads, 4 components, forward:
-   SSoG with every backend and with "auto", against fused SDPA and explicit ("math") attention;
+Every row in its own subprocess (lipcheck.bench.run_config); within a row SSoG and attention are built
+from one seed and timed alternately (lipcheck.bench.measure_row) at batch 1 and at a throughput batch:
+1a. mixer targets: SSoG (auto) against fused SDPA at 14x14, 28x28, 64x64 with C = 192 and 384, pinned
+    to one thread, with torch's default thread count, and with a busy competing process;
+1b. the SSoG backend table at 64x64, C=384 (one configuration per mixer, fused and explicit attention);
 2. whole models, widths x variants x resolutions, inference and a training step, SSoG ("auto")
-   against fused SDPA and explicit attention; the ODE model with fixed-step rk4 (NFE = depth, the
-   cost of the discrete model) and with dopri5 (NFE measured);
+   against fused SDPA (and explicit attention where its memory is the reference); the ODE model with
+   fixed-step rk4 (NFE = depth, the cost of the discrete model) and with dopri5 (NFE measured);
 3. the analytic multiply-add ratio (dense axis factors) beside every measured ratio, the trend with
    resolution and its fitted exponents, and the paper's numbers in the same table.
+Section 0 of the report lists every target with its measured number; a missed target says so.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from lipcheck.models.vit import PRESETS, VARIANTS  # noqa: E402
 # Model rows. train_upto[variant][width]: largest resolution with a training-step row; variant_resolutions:
 # where a variant is measured (looped runs exactly the discrete model's operations with one block's
 # weights, so between the ends of the range it adds time, not information); math_rows: (resolution,
-# variant) pairs that also time explicit attention (its memory is the reference of the memory target);
+# variant, width) triples that also time explicit attention (its memory is the reference of the memory target);
 # throughput_batch: the second batch size of every row, fewer as the grid grows; load_rows: rows also
 # measured with torch's default thread count and with a competing busy process.
 FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants=list(VARIANTS),
@@ -47,10 +50,10 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
                         "ode": {"ti": 224, "s": 224}},
             train_resolutions=[224, 512, 1024],
             variant_resolutions={"looped": [224, 1024], "ode": [224, 512, 1024]},
-            math_rows=[(224, "discrete"), (1024, "discrete")],
-            dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=2,
+            math_rows=[(1024, "discrete", "ti")],
+            dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=1,
             mixer_backends=list(BACKENDS),
-            throughput_batch={224: 32, 384: 8, 512: 4, 768: 1, 1024: 1}, train_throughput_batch={224: 8},
+            throughput_batch={224: 16, 384: 8, 512: 4, 768: 1, 1024: 1}, train_throughput_batch={224: 4},
             load_rows=[(224, "ti", "discrete"), (224, "s", "discrete")],
             target_grids=[14, 28, 64], target_dims=[(192, 3), (384, 6)],
             target_batch={14: 32, 28: 8, 64: 2}, target_repeats={14: 9, 28: 7, 64: 5})
@@ -75,7 +78,7 @@ def parse(argv):
     p.add_argument("--quick", action="store_true",
                    help="the 224 rows (ti, s; every variant) and the 64x64 mixer rows, under 5 minutes")
     p.add_argument("--throughput-batch", type=int, default=None,
-                   help="second batch size of every model row (default by resolution: 32 at 224 down to 1 at 1024; "
+                   help="second batch size of every model row (default by resolution: 16 at 224 down to 1 at 1024; "
                         "0 = batch 1 only)")
     p.add_argument("--no-load-rows", action="store_true",
                    help="skip the rows with torch's default thread count and with a busy competing process")
@@ -206,7 +209,7 @@ def plan(args, device: str) -> list[dict]:
                                                 or res > base["train_upto"].get(variant, {}).get(width, 0)):
                             continue
                         mixers = ["ssog", "sdpa"]
-                        if mode == "inference" and method != "dopri5" and (res, variant) in base["math_rows"]:
+                        if mode == "inference" and method != "dopri5" and (res, variant, width) in base["math_rows"]:
                             mixers.append("math")
                         row_loads = [dict(threads=threads)]
                         if mode == "inference" and method is None and (res, width, variant) in base["load_rows"]:
@@ -660,7 +663,7 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "timed model against its reference paths (largest relative error). "
            "To fit the CPU budget the full run measures training steps at 224 (every variant), 512 and 1024 "
            "(discrete; s up to 512), the looped model (the discrete model's operations with one block's weights) "
-           "at 224 and 1024, the ODE at 224, 512 and 1024, explicit attention at 224 and 1024 (discrete), "
+           "at 224 and 1024, the ODE at 224, 512 and 1024, explicit attention at 1024 (discrete ti), "
            "dopri5 at 224; rows missing below were not planned, rows marked SKIPPED ran out of the time budget.", ""]
     header = ["width", "res", "N", "variant", "mode", "load", "SSoG img/s", "SDPA img/s", "math img/s", "x vs SDPA",
               "MAC ratio", "frac", "TB", "SSoG img/s @TB", "SDPA img/s @TB", "x vs SDPA @TB", "frac @TB",
