@@ -20,6 +20,7 @@ from torch import nn
 from .. import gaussian
 
 SIGMA_FLOOR = 1e-3  # sigma = softplus(raw) + floor keeps every width strictly positive
+CHOICE_REFRESH = 32  # builds of one grid's factors between two evaluations of the backend cost model
 
 
 def _check_grid(x: torch.Tensor, num_heads: int) -> None:
@@ -335,12 +336,14 @@ def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
 
 
 class _FactorGrad(torch.autograd.Function):
-    """Identity on cached (graph-free) factors; its backward rebuilds them from alpha, mu, sigma_raw
-    with autograd and pulls the incoming gradients back to those parameters (double backward too)."""
+    """Identity on cached (graph-free) factors whose backward pulls the incoming gradients back to
+    alpha, mu, sigma_raw: through the factors' own autograd graph when the cache holds one for these
+    very parameter tensors (retained, so every use of the cached factors can go through it),
+    otherwise (and for double backward) by rebuilding the factors with autograd."""
 
     @staticmethod
-    def forward(ctx, H, W, backend, treedef, alpha, mu, sigma_raw, *flat):
-        ctx.grid, ctx.backend = (H, W), backend
+    def forward(ctx, H, W, backend, graph, alpha, mu, sigma_raw, *flat):
+        ctx.grid, ctx.backend, ctx.graph = (H, W), backend, graph
         ctx.save_for_backward(alpha, mu, sigma_raw)
         return tuple(f.detach() for f in flat)
 
@@ -348,21 +351,34 @@ class _FactorGrad(torch.autograd.Function):
     def backward(ctx, *grads):
         alpha, mu, sigma_raw = ctx.saved_tensors
         double = torch.is_grad_enabled()  # create_graph: keep the path to the parameters themselves
+        need = ctx.needs_input_grad[4:7]
+        # The retained graph serves first-order backward passes; a double backward rebuilds, so that
+        # no second-order pass can free buffers the retained graph still needs.
+        use_graph = ctx.graph is not None and not double
         with torch.enable_grad():
-            leaves = [t if double and t.requires_grad else t.detach().requires_grad_(True)
-                      for t in (alpha, mu, sigma_raw)]
-            factors = BACKEND_PARTS[ctx.backend][0](*ctx.grid, leaves[0], leaves[1], _effective_sigma(leaves[2]))
-            outs = [f for f in _tensors(factors)]
+            if use_graph:
+                leaves = [alpha, mu, sigma_raw]
+                outs = ctx.graph
+            else:
+                leaves = [t if double and t.requires_grad else t.detach().requires_grad_(True)
+                          for t in (alpha, mu, sigma_raw)]
+                factors = BACKEND_PARTS[ctx.backend][0](*ctx.grid, leaves[0], leaves[1],
+                                                        _effective_sigma(leaves[2]))
+                outs = list(_tensors(factors))
             pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-            gp = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
-                                     create_graph=double) if pairs else (None,) * 3
-        gp = [g if need else None for g, need in zip(gp, ctx.needs_input_grad[4:7])]
+            wanted = [i for i in range(3) if need[i] and leaves[i].requires_grad]
+            got = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in wanted], [g for _, g in pairs],
+                                      allow_unused=True, retain_graph=use_graph or double,
+                                      create_graph=double) if pairs and wanted else ()
+        gp = [None, None, None]
+        for i, g in zip(wanted, got):
+            gp[i] = g
         return (None, None, None, None, *gp, *([None] * len(grads)))
 
 
-def _attach_gradient(H, W, backend, factors, alpha, mu, sigma_raw):
+def _attach_gradient(H, W, backend, factors, alpha, mu, sigma_raw, graph=None):
     flat = list(_tensors(factors))
-    live = iter(_FactorGrad.apply(H, W, backend, None, alpha, mu, sigma_raw, *flat))
+    live = iter(_FactorGrad.apply(H, W, backend, graph, alpha, mu, sigma_raw, *flat))
     return _rebuild(factors, live)
 
 
@@ -497,25 +513,45 @@ class SSoG(nn.Module):
         if key is None:
             return self._build_factors(H, W, *self.gaussian_params())
         ps = (self.alpha, self.mu, self.sigma_raw)
+        graph_needed = torch.is_grad_enabled() and any(p.requires_grad for p in ps)
         cache = self.__dict__.setdefault("_kernel_cache", {})
-        hit = cache.get(key)
-        if hit is not None and all(a.dtype == p.dtype and torch.equal(a, p) for a, p in zip(hit[0], ps)):
-            backend, factors = hit[1]
-        else:
-            with torch.no_grad():
-                snapshot = tuple(p.detach().clone() for p in ps)
-                backend, factors = self._build_factors(H, W, *self.gaussian_params())
+        entry = cache.get(key)
+        if entry is None or not all(a.dtype == p.dtype and torch.equal(a, p) for a, p in zip(entry["snapshot"], ps)):
+            snapshot = tuple(p.detach().clone() for p in ps)
+            if graph_needed:
+                # Built once with autograd; the graph serves the backward of every use until the
+                # parameters change (so a training step builds the factors once, not once per use).
+                backend, built = self._build_factors(H, W, *self.gaussian_params())
+                factors = _rebuild(built, iter([t.detach() for t in _tensors(built)]))
+                graph = (ps, tuple(p._version for p in ps), list(_tensors(built)))
+            else:
+                with torch.no_grad():
+                    backend, factors = self._build_factors(H, W, *self.gaussian_params())
+                graph = None
             if len(cache) >= 8:  # a handful of grids at most (one per resolution in use)
                 cache.clear()
-            cache[key] = (snapshot, (backend, factors))
-        if torch.is_grad_enabled() and any(p.requires_grad for p in ps):
-            factors = _attach_gradient(H, W, backend, factors, *ps)
+            entry = cache[key] = dict(snapshot=snapshot, backend=backend, factors=factors, graph=graph)
+        backend, factors = entry["backend"], entry["factors"]
+        if graph_needed:
+            g = entry["graph"]
+            usable = (g is not None and all(a is b for a, b in zip(g[0], ps))
+                      and all(v == p._version for v, p in zip(g[1], ps)))
+            factors = _attach_gradient(H, W, backend, factors, *ps, graph=g[2] if usable else None)
         return backend, factors
 
     def _build_factors(self, H, W, alpha, mu, sigma):
         # a kernel the dtype cannot carry would come out as NaN: refuse instead
         gaussian.check_representable(mu, sigma, alpha.dtype, name="SSoG kernel")
-        backend = choose_backend(H, W, alpha, mu, sigma) if self.backend == "auto" else self.backend
+        if self.backend == "auto":
+            # The choice changes speed only (every backend is exact to float rounding), so it is
+            # re-evaluated every CHOICE_REFRESH builds of a grid rather than at each parameter update.
+            choices = self.__dict__.setdefault("_backend_choice", {})
+            backend, uses = choices.get((H, W), (None, 0))
+            if backend is None or uses >= CHOICE_REFRESH:
+                backend, uses = choose_backend(H, W, alpha, mu, sigma), 0
+            choices[(H, W)] = (backend, uses + 1)
+        else:
+            backend = self.backend
         return backend, BACKEND_PARTS[backend][0](H, W, alpha, mu, sigma)
 
     def _apply(self, fn, *args, **kwargs):
