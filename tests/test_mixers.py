@@ -259,3 +259,41 @@ def test_gradcheck_through_the_cached_module():
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-7)
     assert torch.autograd.gradgradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
+
+
+def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch):
+    """With recorded times the policy picks the faster thread count and tries the other one every
+    probe_every calls; with one thread available it never changes anything."""
+    from lipcheck.mixers.ssog import ThreadPolicy
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    pol = ThreadPolicy(probe_every=5)
+    key = ("grid",)
+    assert pol.choose(key) == 4  # first: torch's count, untimed
+    pol.record(key, 4, 0.9)
+    assert pol.choose(key) == 1  # then one thread, untimed
+    pol.record(key, 1, 0.3)
+    picks = [pol.choose(key) for _ in range(10)]
+    assert picks.count(1) == 8 and picks.count(4) == 2  # the faster (one thread), probing 4 every 5th call
+    for _ in range(6):  # the machine gets quiet: 4 threads become faster
+        pol.record(key, 4, 0.05)
+    assert [pol.choose(key) for _ in range(4)].count(4) >= 3
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert ThreadPolicy().choose(key) == 1
+
+
+def test_forward_under_the_thread_policy_equals_one_thread():
+    """The policy changes the thread count, never the numbers: outputs at torch's count (with the
+    policy probing both settings) equal the dense definition."""
+    layer = random_ssog(6, 3, 2, seed=4)
+    x = torch.randn(2, 5, 6, 6, dtype=D, generator=torch.Generator().manual_seed(2))
+    ref = dense_reference(layer, x).detach()
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            outs = [layer(x) for _ in range(4)]
+    finally:
+        torch.set_num_threads(n)
+    for out in outs:
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.abs().max())))
+    assert torch.get_num_threads() == n
