@@ -190,10 +190,10 @@ def plan(args, device: str) -> list[dict]:
             cfgs.append(dict(common, part="mixer", kind="mixer", mixer=mixer, mode="inference", grid=g,
                              ssog_backend=backend or "auto", repeats=args.repeats or (2 if args.quick else 3),
                              warmup=warm(0), round=rnd, **MIXER_ALONE))
-    # 3. Whole models. The largest resolution first: if the time budget (--max-minutes) runs out, the
-    # 1024 rows survive.
+    # 3. Whole models. The smallest and the largest resolution first (the 224 targets and the 1024
+    # no-regression rows): if the time budget (--max-minutes) runs out, those survive.
     resolutions = sorted(resolutions)
-    resolutions = resolutions[-1:] + resolutions[:-1]
+    resolutions = resolutions[:1] + resolutions[-1:] + resolutions[1:-1] if len(resolutions) > 1 else resolutions
     modes = ["inference"] if args.no_train else ["inference", "train"]
     for res in resolutions:
         for width in widths:
