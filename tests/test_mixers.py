@@ -297,3 +297,17 @@ def test_forward_under_the_thread_policy_equals_one_thread():
     for out in outs:
         assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.abs().max())))
     assert torch.get_num_threads() == n
+
+
+def test_torch_func_transforms_through_the_module():
+    """jvp / jacrev inside torch.func (as the enclosure and verdict code use them) work with a filled
+    kernel cache: SSoG is affine in x, so J v = SSoG(v) - b exactly, from the dense definition."""
+    layer = random_ssog(6, 3, 2, seed=6)
+    x, v = torch.randn(2, 1, 4, 3, 6, dtype=D, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        layer(x)  # cache filled outside the transform
+    expect = (dense_reference(layer, v) - layer.o_proj.bias).detach()
+    _, jv = torch.func.jvp(layer, (x,), (v,))
+    assert torch.allclose(jv, expect, rtol=0, atol=1e-12 * (1 + float(expect.abs().max())))
+    J = torch.func.jacrev(layer)(x).reshape(x.numel(), x.numel())
+    assert torch.allclose(J @ v.reshape(-1), expect.reshape(-1), rtol=0, atol=1e-11)

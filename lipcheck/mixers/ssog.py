@@ -284,6 +284,13 @@ def _functorch_wrapped(t: torch.Tensor) -> bool:
         return False
 
 
+def _functorch_active() -> bool:
+    try:
+        return torch._C._functorch.peek_interpreter_stack() is not None
+    except AttributeError:
+        return False
+
+
 def _tensors(obj):
     """Every tensor inside nested tuples (the prepared factors of any backend)."""
     if torch.is_tensor(obj):
@@ -499,8 +506,10 @@ class SSoG(nn.Module):
 
     def _cache_key(self, H: int, W: int):
         ps = (self.alpha, self.mu, self.sigma_raw)
-        if any(_functorch_wrapped(p) for p in ps):
-            return None  # parameters replaced inside a torch.func transform: never cached
+        if _functorch_active() or any(_functorch_wrapped(p) for p in ps):
+            # inside a torch.func transform (jvp, vmap, jacfwd, ...): plain autograd operations only,
+            # built afresh, so the transform sees every dependence on the parameters
+            return None
         return (H, W, self.backend, torch.is_inference_mode_enabled(), self.alpha.dtype, self.alpha.device)
 
     def clear_kernel_cache(self) -> None:
