@@ -745,7 +745,15 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "Backend chosen by `auto` per resolution (initial kernels: widths log-uniform in [0.5, 4], "
            "offsets in [-2, 2]): " + (", ".join(f"{r}: {b}" for r, b in used) or "-") + ". "
            "At these grids (14 to 64 tokens a side) the truncation radius for sigma near 4 is comparable to the "
-           "grid, so the dense stacked GEMMs win; truncation pays on larger grids or narrower kernels.", ""]
+           "grid, so the dense stacked GEMMs win; truncation pays on larger grids or narrower kernels.", "",
+           "Around the products (`lipcheck.mixers.ssog.SSoG`): the prepared factors (normaliser, taps, the "
+           "representability check, the backend choice) are cached per grid while alpha, mu, sigma keep their values "
+           "(compared exactly; in training they are built once per parameter update with autograd and that graph "
+           "serves every use); without autograd the stacked products run per head on strided slabs of the values "
+           "(no copy in), with autograd head-major as one batched GEMM per axis; on a CPU each call runs at torch's "
+           "thread count or on one thread, whichever the call's own timings (re-probed every 16 calls) show faster, "
+           "which is what keeps a shared machine from parking one thread of every small parallel region. "
+           "The MLP's token slicing (a memory-traffic saving) runs only where the hidden activation exceeds 8 MiB.", ""]
     # 3. trend
     md += ["## 3. Trend with resolution", "",
            "Exponents p of least-squares fits t ~ N^p (seconds per image, inference) and of the speed-up "
