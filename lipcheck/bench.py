@@ -3,8 +3,11 @@
 Two halves:
 - analytic multiply-add (MAC) counts of the mixers and of whole ViTs (`mixer_macs`, `block_macs`,
   `model_macs`), with the SSoG axis factors dense (the O(N^1.5) count of SPEC section 1);
-- measurement (`measure`, `run_config`): one configuration per subprocess, so that peak memory is
-  that configuration's alone. A step is one forward (inference) or forward + backward + SGD update
+- measurement (`measure`, `measure_row`, `run_config`): one configuration per subprocess. `measure`
+  times one module; `measure_row` times the mixers of one report row (SSoG and attention built from
+  the same seed) alternately in one process, at batch 1 and at a throughput batch, so that their ratio
+  is measured under the same machine load, then takes one memory step each. A configuration may ask
+  for torch's default thread count (threads = 0) and for a competing busy process (busy = true). A step is one forward (inference) or forward + backward + SGD update
   (training). After warm-up, every repeat is timed (CUDA events on GPU). Peak memory is what a
   step adds: on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation before,
   read from the timed steps; on CPU the OS's peak resident size during one extra step minus the
@@ -207,20 +210,22 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def build(cfg: dict, device: torch.device, dtype: torch.dtype):
-    """(module, input, forward-callable) for a configuration dict (see run_config)."""
+    """(module, input, labels) for a configuration dict (see run_config); labels None for a mixer."""
+    module = build_module(cfg, device, dtype)
+    return (module, *make_inputs(cfg, module, int(cfg.get("batch_size", 1)), device, dtype))
+
+
+def build_module(cfg: dict, device: torch.device, dtype: torch.dtype):
     from .mixers import DenseAttention, SSoG
     from .models.vit import PRESETS, vit_from_preset
     kind, mixer = cfg.get("kind", "model"), cfg["mixer"]
     if mixer not in MIXER_KINDS:
         raise ValueError(f"unknown mixer {mixer!r}; choose one of {MIXER_KINDS}")
     backend = cfg.get("ssog_backend", "auto")
-    B = int(cfg.get("batch_size", 1))
     if kind == "mixer":
-        C, h, M, g = cfg["dim"], cfg["num_heads"], cfg.get("num_components", 4), cfg["grid"]
-        mod = (SSoG(C, h, M, backend=backend, device=device, dtype=dtype) if mixer == "ssog"
-               else DenseAttention(C, h, backend=mixer, device=device, dtype=dtype))
-        x = torch.randn(B, g, g, C, device=device, dtype=dtype)
-        return mod, x, None
+        C, h, M = cfg["dim"], cfg["num_heads"], cfg.get("num_components", 4)
+        return (SSoG(C, h, M, backend=backend, device=device, dtype=dtype) if mixer == "ssog"
+                else DenseAttention(C, h, backend=mixer, device=device, dtype=dtype))
     if cfg["width"] not in PRESETS:
         raise ValueError(f"unknown width preset {cfg['width']!r}; choose one of {sorted(PRESETS)}")
     check_resolution(cfg["resolution"], PRESETS[cfg["width"]].get("patch_size", 16))
@@ -233,13 +238,45 @@ def build(cfg: dict, device: torch.device, dtype: torch.dtype):
             # An explicit grid: step_size = t1/steps can round to one step more.
             extra["options"] = {"grid_constructor": lambda f, y0, t: torch.linspace(
                 float(t[0]), float(t[-1]), steps + 1, dtype=t.dtype, device=t.device)}
-    model = vit_from_preset(cfg["width"], variant, "ssog" if mixer == "ssog" else "attention",
-                            img_size=cfg["resolution"], ssog_backend=backend,
-                            attn_backend="sdpa" if mixer == "ssog" else mixer,
-                            device=device, dtype=dtype, **extra)
-    images = torch.randn(B, 3, cfg["resolution"], cfg["resolution"], device=device, dtype=dtype)
-    labels = torch.randint(0, model.config.num_classes, (B,), device=device)
-    return model, images, labels
+    return vit_from_preset(cfg["width"], variant, "ssog" if mixer == "ssog" else "attention",
+                           img_size=cfg["resolution"], ssog_backend=backend,
+                           attn_backend="sdpa" if mixer == "ssog" else mixer,
+                           device=device, dtype=dtype, **extra)
+
+
+def make_inputs(cfg: dict, module, batch: int, device: torch.device, dtype: torch.dtype):
+    """(input, labels) of batch size `batch` for a module built from cfg."""
+    if batch < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch}")
+    if cfg.get("kind", "model") == "mixer":
+        g = cfg["grid"]
+        return torch.randn(batch, g, g, cfg["dim"], device=device, dtype=dtype), None
+    images = torch.randn(batch, 3, cfg["resolution"], cfg["resolution"], device=device, dtype=dtype)
+    labels = torch.randint(0, module.config.num_classes, (batch,), device=device)
+    return images, labels
+
+
+def make_step(module, mode: str, device: torch.device, bf16: bool = False):
+    """step(x, labels): one forward (inference) or forward + backward + SGD update (train)."""
+    amp = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16
+           else torch.autocast(device_type=device.type, enabled=False))
+    params = [p for p in module.parameters() if p.requires_grad]
+    lr = 1e-4
+
+    def step(x, labels):
+        if mode == "inference":
+            with torch.inference_mode(), amp:
+                module(x)
+            return
+        with amp:
+            y = module(x)
+        loss = torch.nn.functional.cross_entropy(y.float(), labels) if labels is not None else y.float().square().mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in params:  # plain SGD: no optimiser state to blur the memory comparison
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+    return step
 
 
 def measure(cfg: dict) -> dict:
@@ -260,27 +297,10 @@ def measure(cfg: dict) -> dict:
     out = {"config": cfg}
     try:
         module, x, labels = build(cfg, device, dtype)
-        amp = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.get("bf16")
-               else torch.autocast(device_type=device.type, enabled=False))
-        params = [p for p in module.parameters() if p.requires_grad]
-        lr = 1e-4
-
-        def forward():
-            with amp:
-                return module(x)
+        run_step = make_step(module, mode, device, bool(cfg.get("bf16")))
 
         def step():
-            if mode == "inference":
-                with torch.inference_mode():
-                    forward()
-                return
-            y = forward()
-            loss = torch.nn.functional.cross_entropy(y.float(), labels) if labels is not None else y.float().square().mean()
-            loss.backward()
-            with torch.no_grad():
-                for p in params:  # plain SGD: no optimiser state to blur the memory comparison
-                    p.add_(p.grad, alpha=-lr)
-                    p.grad = None
+            run_step(x, labels)
 
         for _ in range(int(cfg.get("warmup", 1))):
             step()
@@ -318,8 +338,149 @@ def measure(cfg: dict) -> dict:
     return out
 
 
+def _failure(e: BaseException) -> dict:
+    if _is_oom(e):
+        return dict(status="oom", error=str(e).splitlines()[0][:300])
+    return dict(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+
+
+def _backend_used(module, cfg) -> str | None:
+    from .mixers import SSoG
+    from .mixers.ssog import choose_backend
+    mix = next((m for m in module.modules() if isinstance(m, SSoG)), None)
+    if mix is None:
+        return None
+    g = cfg["grid"] if cfg.get("kind", "model") == "mixer" else cfg["resolution"] // module.config.patch_size
+    return choose_backend(g, g, *mix.gaussian_params()) if mix.backend == "auto" else mix.backend
+
+
+def check_outputs(cfg: dict, module, x: torch.Tensor) -> dict:
+    """Correctness of what is timed: the module's output in float64 against the same weights with
+    every mixer on its reference path (SSoG: the einsum `matmul` backend; attention: the explicit
+    softmax), one sample. Returns the largest error relative to the largest output entry."""
+    import copy
+    from .mixers import DenseAttention, SSoG
+    fast = copy.deepcopy(module).double().eval()
+    ref = copy.deepcopy(fast)
+    for m in ref.modules():
+        if isinstance(m, SSoG):
+            m.backend = "matmul"
+        elif isinstance(m, DenseAttention):
+            m.backend = "math"
+    x64 = x[:1].double()
+    with torch.no_grad():
+        a, b = fast(x64), ref(x64)
+    finite = bool(torch.isfinite(a).all())
+    err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-300)) if finite else float("inf")
+    return {"max_rel_err": err, "finite": finite, "ok": finite and err <= 1e-10, "reference": "float64, reference paths"}
+
+
+def measure_row(cfg: dict) -> dict:
+    """One row of the report in this process: every mixer in cfg["mixers"] built from the same seed,
+    timed alternately (A, B, A, B, ...) so that a slow spell of a shared machine lands on all of them
+    alike, at batch size `batch_size` and then at `throughput_batch`; then one memory step each at
+    `batch_size` (as in `measure`) and, with cfg["check"], the float64 correctness check.
+
+    Returns {"config", "status", "threads_used", "results": [one measure-like dict per mixer]}.
+    """
+    device = torch.device(cfg.get("device", "cpu"))
+    dtype = getattr(torch, cfg.get("dtype", "float32"))
+    mode = cfg.get("mode", "inference")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if int(cfg.get("threads", 0)) > 0:
+        torch.set_num_threads(int(cfg["threads"]))
+    B, TB = int(cfg.get("batch_size", 1)), int(cfg.get("throughput_batch", 0) or 0)
+    res, live = {}, {}
+    for m in cfg["mixers"]:
+        sub = {k: v for k, v in cfg.items() if k != "mixers"}
+        sub["mixer"] = m
+        res[m] = {"config": sub}
+        try:
+            torch.manual_seed(int(cfg.get("seed", 0)))
+            module = build_module(sub, device, dtype)
+            if mode == "inference":
+                module.eval()
+            x, labels = make_inputs(sub, module, B, device, dtype)
+            live[m] = dict(module=module, step=make_step(module, mode, device, bool(cfg.get("bf16"))), x=x, labels=labels)
+        except Exception as e:  # noqa: BLE001 - one mixer failing must not stop the row
+            res[m].update(_failure(e))
+
+    def rotate(batch_key, warmup, repeats):
+        times = {m: [] for m in live}
+        for rep in range(warmup + repeats):
+            for m in list(live):
+                L = live[m]
+                try:
+                    t0 = time.perf_counter()
+                    L["step"](L[batch_key[0]], L[batch_key[1]])
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    dt = time.perf_counter() - t0
+                except Exception as e:  # noqa: BLE001
+                    res[m].update(_failure(e))
+                    del live[m]
+                    continue
+                if rep >= warmup:
+                    times[m].append(dt)
+        return times
+
+    times = rotate(("x", "labels"), int(cfg.get("warmup", 1)), int(cfg.get("repeats", 3)))
+    for m, t in times.items():
+        if m in live:
+            res[m].update(status="ok", **summarize(t), times_s=t, images_per_s=B / statistics.median(t))
+    if TB > B and live:
+        for m, L in live.items():
+            L["xt"], L["lt"] = make_inputs(res[m]["config"], L["module"], TB, device, dtype)
+        tt = rotate(("xt", "lt"), 1, int(cfg.get("throughput_repeats", 2)))
+        for m, t in tt.items():
+            if m in live and t:
+                res[m]["throughput"] = dict(batch=TB, **summarize(t), times_s=t, images_per_s=TB / statistics.median(t))
+        for L in live.values():
+            L.pop("xt"), L.pop("lt")
+    for m, L in list(live.items()):
+        try:
+            if device.type == "cuda":
+                _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
+                method = "cuda.max_memory_allocated"
+            else:
+                released = _release_to_os()
+                _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
+                method = ("VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS") + \
+                         ("" if released else ", allocator not switched (not glibc)")
+            res[m].update(peak_bytes=peak, peaks_bytes=[peak], peak_method=method)
+            flow = getattr(L["module"], "flow", None)
+            if flow is not None:
+                res[m]["nfe"] = int(flow.last_nfe)
+            used = _backend_used(L["module"], res[m]["config"])
+            if used:
+                res[m]["ssog_backend_used"] = used
+            if cfg.get("check"):
+                res[m]["check"] = check_outputs(res[m]["config"], L["module"], L["x"])
+        except Exception as e:  # noqa: BLE001
+            res[m].update(_failure(e))
+    status = "ok" if all(r.get("status") == "ok" for r in res.values()) else "partial"
+    return {"config": cfg, "status": status, "threads_used": torch.get_num_threads(),
+            "results": list(res.values())}
+
+
 # ---------------------------------------------------------------------------------------------
 # Subprocess driver.
+
+class BusyProcess:
+    """A competing process for the loaded rows: one Python interpreter spinning on the CPU, pinned
+    nowhere (the scheduler places it), started before a worker and stopped after it."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.2)  # running before the worker starts
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
 
 def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None = None) -> dict:
     """Run `measure(cfg)` in a fresh Python process and return its result dict.
@@ -333,6 +494,9 @@ def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None 
         env.setdefault(k, val)
     if int(cfg.get("threads", 0)) > 0:  # OpenMP reads this at start-up, before set_num_threads
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(int(cfg["threads"]))
+    else:  # torch's default thread count, whatever the caller's environment pins
+        for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.pop(k, None)
     preexec = None
     if mem_limit_gb and cfg.get("device", "cpu") == "cpu":
         limit = int(mem_limit_gb * 2**30)
@@ -342,11 +506,15 @@ def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None 
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     cmd = [sys.executable, "-m", "lipcheck.bench", json.dumps(cfg)]
     t0 = time.perf_counter()
+    busy = BusyProcess() if cfg.get("busy") else None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec)
     except subprocess.TimeoutExpired:
         return {"config": cfg, "status": "timeout", "error": f"no result within {timeout:.0f} s",
                 "wall_s": time.perf_counter() - t0}
+    finally:
+        if busy is not None:
+            busy.stop()
     wall = time.perf_counter() - t0
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
@@ -369,7 +537,8 @@ def _worker_main(argv=None) -> int:
     # order of magnitude; flushing them to zero is what every production CPU stack does. Set here, in
     # the per-configuration process only: it is global processor state.
     torch.set_flush_denormal(True)
-    res = measure(json.loads(argv[0]))
+    cfg = json.loads(argv[0])
+    res = measure_row(cfg) if "mixers" in cfg else measure(cfg)
     print(RESULT_TAG + json.dumps(res, default=str), flush=True)
     return 0
 

@@ -215,3 +215,36 @@ def test_mixer_rounds_are_pooled():
     rows, _ = throughput.mixer_table(res)
     by = {r["mixer"]: r for r in rows}
     assert by["ssog"]["speedup_vs_sdpa"] == pytest.approx(5.0 / 2.0)
+
+
+def test_quick_benchmark_rows_present_and_outputs_correct(tmp_path):
+    """The quick benchmark, narrowed to ti/discrete and one repeat: every planned row is present and ran,
+    at batch 1 and at the throughput batch, under each load; every model output checked in float64
+    against the reference paths agrees. Timings and targets are the report's business, not this test's."""
+    import json
+    out = tmp_path / "q.json"
+    throughput.main(["--quick", "--widths", "ti", "--variants", "discrete", "--repeats", "1",
+                     "--throughput-batch", "2", "--docs", str(tmp_path), "--json", str(out)])
+    data = json.loads(out.read_text())
+    loads = set(throughput.LOADS)
+    rows = [r for r in data["rows"] if r["resolution"] == 224 and r["width"] == "ti" and r["variant"] == "discrete"]
+    assert {r["load"] for r in rows if r["mode"] == "inference"} == loads
+    assert any(r["mode"] == "train" for r in rows)
+    for r in rows:
+        for m in ("ssog", "sdpa"):
+            assert r[m]["status"] == "ok", (r["load"], r["mode"], m, r[m]["error"])
+            assert r[m]["median_s"] > 0 and r[m]["tp_batch"] == 2 and r[m]["tp_median_s"] > 0
+        assert r["speedup_vs_sdpa"] is not None and r["tp_speedup_vs_sdpa"] is not None
+    checked = [r for r in rows if r["ssog"]["check"]]
+    assert checked, "the pinned inference row carries the float64 output check"
+    for r in checked:
+        for m in ("ssog", "sdpa"):
+            assert r[m]["check"]["finite"] and r[m]["check"]["ok"], r[m]["check"]
+    targets = data["mixer_targets"]
+    assert {(t["grid"], t["dim"], t["load"]) for t in targets} == {(64, 384, load) for load in loads}
+    for t in targets:
+        assert t["status"] == ["ok", "ok"] and t["b1_speedup"] and t["tp_batch"] == 2 and t["tp_speedup"]
+    busy = [x for x in data["raw"] if x["config"].get("busy")]
+    assert busy and all(x["config"]["threads"] == 0 for x in busy)
+    md = (tmp_path / "throughput.md").read_text()
+    assert "## 0. Targets, as measured" in md and "## 1a. Mixer alone" in md

@@ -124,3 +124,190 @@ def test_block_parameter_difference_is_exact(C, h, M):
     Gaussian component (alpha, mu_y, mu_x, sigma_y, sigma_x): 2C^2 + C + 5hM. Difference 2C^2 + 3C - 5hM."""
     count = lambda m: sum(p.numel() for p in Block(C, h, m, num_components=M, device="meta").parameters())
     assert count("attention") - count("ssog") == 2 * C * C + 3 * C - 5 * h * M
+
+
+# ----- the kernel cache: a cached forward always equals the dense definition of the current parameters
+
+def _changes():
+    """(name, edit) pairs; every edit changes the kernel parameters in a different way."""
+    def in_place(layer):
+        with torch.no_grad():
+            layer.alpha.mul_(-1.5)
+            layer.mu.add_(0.37)
+            layer.sigma_raw.add_(0.2)
+
+    def one_param_in_place(layer):
+        with torch.no_grad():
+            layer.sigma_raw[0, 0, 1] -= 0.9
+
+    def optimizer_step(layer):
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        x = torch.randn(1, 3, 4, layer.dim, dtype=layer.alpha.dtype, generator=torch.Generator().manual_seed(9))
+        layer(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def set_params(layer):
+        g = torch.Generator().manual_seed(4)
+        h, M = layer.num_heads, layer.num_components
+        layer.set_gaussian_params(torch.randn(h, M, generator=g, dtype=D),
+                                  torch.randn(h, M, 2, generator=g, dtype=D),
+                                  torch.rand(h, M, 2, generator=g, dtype=D) * 3 + 0.2)
+
+    def load_state(layer):
+        other = random_ssog(layer.dim, layer.num_heads, layer.num_components, seed=77)
+        layer.load_state_dict(other.state_dict())
+
+    def data_swap(layer):
+        layer.mu.data = layer.mu.data * 0.5 + 0.1
+
+    def data_in_place(layer):  # bypasses the version counter
+        layer.alpha.data.mul_(2.0)
+
+    return [("in_place", in_place), ("one_param_in_place", one_param_in_place), ("optimizer_step", optimizer_step),
+            ("set_gaussian_params", set_params), ("load_state_dict", load_state), ("data_swap", data_swap),
+            ("data_in_place", data_in_place)]
+
+
+@pytest.mark.parametrize("backend", ["auto", "stacked", "matmul", "truncated", "fft"])
+@pytest.mark.parametrize("name,edit", _changes())
+def test_cached_forward_follows_every_parameter_change(backend, name, edit):
+    layer = random_ssog(6, 2, 3, seed=5)
+    layer.backend = backend
+    x = torch.randn(2, 3, 4, 6, dtype=D, generator=torch.Generator().manual_seed(1))
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        with mode():
+            layer(x), layer(x)  # fill the cache in this mode (and hit it once)
+    before = layer(x).detach()
+    edit(layer)
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        with mode():
+            out = layer(x)
+            ref = dense_reference(layer, x)
+        assert not torch.allclose(out, before, atol=1e-6), name  # the edit did change the map
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.detach().abs().max()))), (name, mode)
+
+
+def test_cache_follows_dtype_and_device_moves():
+    layer = random_ssog(6, 2, 3, seed=2)
+    x = torch.randn(1, 4, 5, 6, dtype=D)
+    with torch.no_grad():
+        layer(x)
+        layer.float()
+        out32 = layer(x.float())
+        assert out32.dtype == torch.float32
+        layer.double()
+        with torch.no_grad():
+            layer.alpha.mul_(2.0)
+        assert torch.allclose(layer(x), dense_reference(layer, x), rtol=0, atol=1e-12 * (1 + float(x.abs().max())))
+        ref32 = dense_reference(layer.float(), x.float())
+        assert torch.allclose(layer(x.float()), ref32, atol=1e-4 * float(ref32.abs().max()))
+
+
+def test_cache_never_skips_the_representability_check():
+    """A width the dtype cannot carry, set in place after a cached forward, is refused at the next forward."""
+    layer = SSoG(4, 2, 1, dtype=torch.float16)
+    x = torch.randn(1, 3, 3, 4, dtype=torch.float16)
+    with torch.no_grad():
+        layer(x)
+        layer.sigma_raw.fill_(-30.0)  # sigma = softplus(-30) + 1e-3: 2 sigma^2 below float16's smallest normal
+        with pytest.raises(ValueError, match="not representable"):
+            layer(x)
+    with pytest.raises(ValueError, match="not representable"):
+        layer.set_gaussian_params(sigma=torch.full((2, 1, 2), 2e-3, dtype=torch.float16))
+
+
+def test_cached_kernel_gradients_equal_the_dense_definition():
+    """Two forwards sharing the cached factors, then separate backward passes: the parameter gradients
+    equal those of the dense reference built afresh from the parameters."""
+    layer = random_ssog(6, 3, 2, seed=13)
+    ref_layer = random_ssog(6, 3, 2, seed=13)
+    x1, x2 = torch.randn(2, 2, 4, 3, 6, dtype=D, generator=torch.Generator().manual_seed(3))
+    y1, y2 = layer(x1), layer(x2)
+    y1.square().sum().backward()
+    y2.sin().sum().backward()  # the second backward through factors shared with the first forward
+    r1, r2 = dense_reference(ref_layer, x1), dense_reference(ref_layer, x2)
+    (r1.square().sum() + r2.sin().sum()).backward()
+    for (n, p), q in zip(layer.named_parameters(), ref_layer.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-11), n
+
+
+def test_cached_kernel_double_backward_matches_the_dense_definition():
+    layer = random_ssog(4, 2, 2, seed=21)
+    ref_layer = random_ssog(4, 2, 2, seed=21)
+    x = torch.randn(1, 3, 3, 4, dtype=D, generator=torch.Generator().manual_seed(8))
+    layer(x)  # cache filled
+
+    def grad_norm(lay, fwd):
+        g, = torch.autograd.grad(fwd(lay).square().sum(), lay.alpha, create_graph=True)
+        return g.square().sum()
+
+    a = torch.autograd.grad(grad_norm(layer, lambda l: l(x)), layer.mu)[0]
+    b = torch.autograd.grad(grad_norm(ref_layer, lambda l: dense_reference(l, x)), ref_layer.mu)[0]
+    assert torch.allclose(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_gradcheck_through_the_cached_module():
+    """gradcheck of (x, alpha, mu, sigma_raw) -> SSoG(x) through the module's own cached path
+    (functional_call swaps the parameters; gradcheck's in-place perturbations must reach the factors)."""
+    layer = random_ssog(4, 2, 2, seed=17)
+    x = torch.randn(1, 3, 4, 4, dtype=D, requires_grad=True)
+    params = [p.detach().clone().requires_grad_(True) for p in (layer.alpha, layer.mu, layer.sigma_raw)]
+
+    def f(x, alpha, mu, sigma_raw):
+        return torch.func.functional_call(layer, {"alpha": alpha, "mu": mu, "sigma_raw": sigma_raw}, (x,))
+
+    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradgradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
+
+
+def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch):
+    """With recorded times the policy picks the faster thread count and tries the other one every
+    probe_every calls; with one thread available it never changes anything."""
+    from lipcheck.mixers.ssog import ThreadPolicy
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    pol = ThreadPolicy(probe_every=5)
+    key = ("grid",)
+    assert pol.choose(key) == 4  # first: torch's count, untimed
+    pol.record(key, 4, 0.9)
+    assert pol.choose(key) == 1  # then one thread, untimed
+    pol.record(key, 1, 0.3)
+    picks = [pol.choose(key) for _ in range(10)]
+    assert picks.count(1) == 8 and picks.count(4) == 2  # the faster (one thread), probing 4 every 5th call
+    for _ in range(6):  # the machine gets quiet: 4 threads become faster
+        pol.record(key, 4, 0.05)
+    assert [pol.choose(key) for _ in range(4)].count(4) >= 3
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert ThreadPolicy().choose(key) == 1
+
+
+def test_forward_under_the_thread_policy_equals_one_thread():
+    """The policy changes the thread count, never the numbers: outputs at torch's count (with the
+    policy probing both settings) equal the dense definition."""
+    layer = random_ssog(6, 3, 2, seed=4)
+    x = torch.randn(2, 5, 6, 6, dtype=D, generator=torch.Generator().manual_seed(2))
+    ref = dense_reference(layer, x).detach()
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            outs = [layer(x) for _ in range(4)]
+    finally:
+        torch.set_num_threads(n)
+    for out in outs:
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.abs().max())))
+    assert torch.get_num_threads() == n
+
+
+def test_torch_func_transforms_through_the_module():
+    """jvp / jacrev inside torch.func (as the enclosure and verdict code use them) work with a filled
+    kernel cache: SSoG is affine in x, so J v = SSoG(v) - b exactly, from the dense definition."""
+    layer = random_ssog(6, 3, 2, seed=6)
+    x, v = torch.randn(2, 1, 4, 3, 6, dtype=D, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        layer(x)  # cache filled outside the transform
+    expect = (dense_reference(layer, v) - layer.o_proj.bias).detach()
+    _, jv = torch.func.jvp(layer, (x,), (v,))
+    assert torch.allclose(jv, expect, rtol=0, atol=1e-12 * (1 + float(expect.abs().max())))
+    J = torch.func.jacrev(layer)(x).reshape(x.numel(), x.numel())
+    assert torch.allclose(J @ v.reshape(-1), expect.reshape(-1), rtol=0, atol=1e-11)

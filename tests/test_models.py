@@ -192,6 +192,7 @@ def test_mlp_token_slices_equal_the_whole_product():
     torch.manual_seed(0)
     mlp = Mlp(6, 24, dtype=torch.float64)
     mlp.chunk_tokens = 7
+    mlp.chunk_min_bytes = 0  # slice even this small activation
     x = torch.randn(2, 5, 3, 6, dtype=torch.float64)  # 30 tokens: four full slices and a partial one
     whole = mlp.fc2(torch.nn.functional.gelu(mlp.fc1(x)))
     with torch.no_grad():
@@ -206,9 +207,27 @@ def test_mlp_token_slices_under_autocast():
     torch.manual_seed(0)
     mlp = Mlp(8, 32)
     mlp.chunk_tokens = 16
+    mlp.chunk_min_bytes = 0
     x = torch.randn(1, 9, 7, 8)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         sliced = mlp(x)
         whole = mlp.fc2(torch.nn.functional.gelu(mlp.fc1(x)))
     assert sliced.dtype == whole.dtype == torch.bfloat16
     assert torch.equal(sliced, whole)
+
+
+def test_mlp_slices_only_above_the_activation_size():
+    """The token-slicing path runs only when the whole hidden activation exceeds chunk_min_bytes
+    (and never with autograd); counted through fc1's calls."""
+    from lipcheck.models.vit import Mlp
+    mlp = Mlp(4, 16, dtype=torch.float64)
+    mlp.chunk_tokens = 10
+    calls = []
+    mlp.fc1.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(1, 5, 8, 4, dtype=torch.float64)  # 40 tokens, hidden activation 40 * 16 * 8 = 5120 bytes
+    for limit, grad, expect in ((5120, False, 1), (5119, False, 4), (0, True, 1)):
+        mlp.chunk_min_bytes = limit
+        calls.clear()
+        with torch.set_grad_enabled(grad):
+            mlp(x)
+        assert len(calls) == expect, (limit, grad, len(calls))
