@@ -351,6 +351,27 @@ def derivative_bounds(p: SSoGParams) -> torch.Tensor:
     return (k.abs() * g).sum(-1) * rel + tail, (k.square() * g).sum(-1) * rel + tail
 
 
+def symbol_and_gradient(p: SSoGParams, wy: torch.Tensor, wx: torch.Tensor):
+    """c_h(w) (n, h) and its gradient dc_h/dw (n, h, 2), the 1-D derivatives by autograd through gaussian.symbol.
+
+    Used by the Toeplitz majorant's linearised cells (lipcheck/bounds/majorant.py), whose derivative rounding
+    allowance eta_d is a model (proofs/S2.md, Toeplitz majorant); the resolution-free bound needs no derivative."""
+    def one(w, ax):
+        # one omega per output entry, so the gradient of the sum is the elementwise derivative
+        om = w.detach()[:, None, None].expand(-1, *p.alpha.shape).clone().requires_grad_(True)
+        with torch.enable_grad():
+            g = gaussian.symbol(om, p.mu[..., ax], p.sigma[..., ax])
+            dre = torch.autograd.grad(g.real.sum(), om, retain_graph=True)[0]
+            dim = torch.autograd.grad(g.imag.sum(), om)[0]
+        return g.detach(), torch.complex(dre, dim)
+    gy, dgy = one(wy, 0)
+    gx, dgx = one(wx, 1)
+    a = p.alpha.to(gy.dtype)
+    c = (a * gy * gx).sum(-1)
+    J = torch.stack([(a * dgy * gx).sum(-1), (a * gy * dgx).sum(-1)], -1)
+    return c, J
+
+
 def two_by_two_norm(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """||[[p, q], [r, s]]||_2 = (hypot(p + s, q - r) + hypot(p - s, q + r)) / 2 for real entries: sums and
     hypot only, no cancellation against a trace, no overflow of squares. Relative error <= gamma_4 for
