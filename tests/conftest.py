@@ -46,3 +46,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def random_block(C, heads=2, seed=0, use_mlp=True, dtype=torch.float64, **kw):
+    """A frozen SSoG ViT block with N(0, 0.4^2) weights: the test field of the log-norm and enclosure tests."""
+    from lipcheck.models.vit import Block
+    torch.manual_seed(seed)
+    blk = Block(C, heads, "ssog", dtype=dtype, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(std=0.4)
+            p.requires_grad_(False)
+    return blk

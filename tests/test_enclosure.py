@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from lipcheck import wellposed as wp
 from lipcheck.bounds import lognorm as ln
+from conftest import random_block
 
 D = torch.float64
 U = 2.0 ** -53
@@ -255,14 +256,7 @@ def test_verified_lambda_max_is_an_upper_bound_and_close():
 # ------------------------------------------------------------------ field constants against independent values
 
 def _block(C=8, heads=2, seed=0, use_mlp=True, **kw):
-    from lipcheck.models.vit import Block
-    torch.manual_seed(seed)
-    blk = Block(C, heads, "ssog", dtype=D, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
-    with torch.no_grad():
-        for p in blk.parameters():
-            p.normal_(std=0.4)
-            p.requires_grad_(False)
-    return blk
+    return random_block(C, heads, seed, use_mlp, dtype=D, **kw)
 
 
 def _gelu1_sup():

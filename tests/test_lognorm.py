@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from lipcheck import rounding
 from lipcheck.bounds import lognorm as ln
+from conftest import random_block
 
 D = torch.float64
 mpmath.mp.dps = 40
@@ -190,14 +191,7 @@ def test_op_is_a_verified_upper_bound():
 
 
 def _block(C=4, heads=2, seed=0, use_mlp=True, **kw):
-    from lipcheck.models.vit import Block
-    torch.manual_seed(seed)
-    blk = Block(C, heads, "ssog", dtype=D, mlp_ratio=1.5, use_mlp=use_mlp, **kw).eval()
-    with torch.no_grad():
-        for p in blk.parameters():
-            p.normal_(std=0.4)
-            p.requires_grad_(False)
-    return blk
+    return random_block(C, heads, seed, use_mlp, dtype=D, **kw)
 
 
 def _dense_T(block, H, W):
