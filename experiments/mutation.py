@@ -340,7 +340,10 @@ def summarise(g: str, generated: int, rows: list[dict]) -> list[dict]:
                         killed=sum(r["status"] == "killed" for r in mine),
                         timeout=sum(r["status"] == "timeout" for r in mine), surviving=len(alive),
                         explained=sum(not reason_for(r).startswith("unexplained") for r in alive),
-                        kill_rate=round((len(mine) - len(alive)) / len(mine), 4) if mine else None))
+                        equivalent=(eq := sum(reason_for(r).startswith("equivalent") for r in alive)),
+                        kill_rate=round((len(mine) - len(alive)) / len(mine), 4) if mine else None,
+                        # the mutation score proper: equivalent mutants are not faults, so they leave the denominator
+                        score=round((len(mine) - len(alive)) / (len(mine) - eq), 4) if len(mine) > eq else None))
     return out
 
 
@@ -373,6 +376,7 @@ def write(runs: dict, args, st: dict) -> None:
     total = sum(r["seconds"] for r in runs.values())
     n_run = sum(s["mutants"] for s in summary)
     n_det = sum(s["mutants"] - s["surviving"] for s in summary)
+    n_eq = sum(s.get("equivalent", 0) for s in summary)
     md = ["# Mutation testing", "",
           "Each mutant is a small change to the certified code (an operator, a constant, a comparison, a "
           "keyword argument, a string). A mutant is *killed* when a test fails on it, *timeout* when its tests "
@@ -391,12 +395,15 @@ def write(runs: dict, args, st: dict) -> None:
           f"Mutants per group: all when a group has at most `--max-mutants` of them, else a seeded random sample "
           f"of that many; the detected fraction of a sample estimates the whole module's (binomial standard "
           f"error sqrt(p(1-p)/n): 3 points at n = 100, 4 at n = 60, 5 at n = 40, for p = 0.9). Overall: {n_det} of {n_run} detected "
-          f"({100 * n_det / max(n_run, 1):.1f}%).", "",
+          f"({100 * n_det / max(n_run, 1):.1f}%); {n_eq} survivors are equivalent mutants (no input can tell them from "
+          f"the code), and the *score* leaves those out of the denominator: {n_det} of {n_run - n_eq} "
+          f"({100 * n_det / max(n_run - n_eq, 1):.1f}%). The target is a score of at least 90% in every module.", "",
           report.md_table(["group", "module", "generated", "run", "killed", "timeout", "surviving", "explained",
-                           "detected"],
+                           "equivalent", "detected", "score"],
                           [[x["group"], x["module"], x["generated"], x["mutants"], x["killed"], x["timeout"],
-                            x["surviving"], x["explained"],
-                            f"{100 * x['kill_rate']:.1f}%" if x["kill_rate"] is not None else "-"] for x in summary]),
+                            x["surviving"], x["explained"], x.get("equivalent", 0),
+                            f"{100 * x['kill_rate']:.1f}%" if x["kill_rate"] is not None else "-",
+                            f"{100 * x['score']:.1f}%" if x.get("score") is not None else "-"] for x in summary]),
           "", ("Not in this report (run `python experiments/mutation.py --modules NAME --update` to add them): "
                + ", ".join(f"`{g}` ({', '.join(GROUPS[g][0])})" for g in GROUPS if g not in runs) + "."
                if any(g not in runs for g in GROUPS) else "All module groups are in this report."),
