@@ -2,7 +2,7 @@
 
     python experiments/mutation.py [--modules attention,gaussian,...] [--max-mutants 60] [--seed 0]
                                    [--max-children 2] [--timeout-multiplier 4] [--timeout-constant 10]
-                                   [--update] [--report-only] [--docs DIR]
+                                   [--update] [--report-only] [--merge JSON ...] [--docs DIR]
 
 Runs mutmut (pyproject [tool.mutmut]) once per module group on a fresh scratch copy of lipcheck/ and
 tests/ under build/mutation/<group>/, each group against its own fast test files (GROUPS below), with
@@ -435,6 +435,9 @@ def main(argv=None):
                     help="keep the other groups' results from docs/data/mutation.json and replace these")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: rewrite the report from docs/data/mutation.json (reasons re-derived)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="run nothing: take the groups of these reports (mutation.json written elsewhere with "
+                         "--docs) into docs/data/mutation.json, replacing the same groups, and rewrite the report")
     ap.add_argument("--docs", type=Path, default=None)
     args = ap.parse_args(argv)
     groups = [g.strip() for g in args.modules.split(",") if g.strip()]
@@ -443,12 +446,16 @@ def main(argv=None):
         raise SystemExit(f"unknown module group(s) {unknown}; choose from {list(GROUPS)}")
     data_path = (args.docs or report.DOCS) / "data" / "mutation.json"
     runs = {}
-    if args.update or args.report_only:
+    if args.update or args.report_only or args.merge:
         if not data_path.exists():
             raise SystemExit(f"--update/--report-only need an earlier {data_path}; run without them first")
         runs = _load_runs(json.loads(data_path.read_text()))
     st = report.stamp()
-    if args.report_only:
+    for path in args.merge or []:
+        theirs = _load_runs(json.loads(path.read_text()))
+        runs.update(theirs)
+        print(f"took {sorted(theirs)} from {path}")
+    if args.report_only or args.merge:
         write(runs, args, st)
         print(f"rewrote the report from {data_path}")
         return
