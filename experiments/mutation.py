@@ -347,6 +347,21 @@ def summarise(g: str, generated: int, rows: list[dict]) -> list[dict]:
     return out
 
 
+def group_totals(summary: list[dict]) -> list[dict]:
+    """One row per group (the unit the target is set for): a group's modules share one sample, so a module
+    with one or two sampled mutants says little on its own."""
+    out = []
+    for g in dict.fromkeys(x["group"] for x in summary):
+        mine = [x for x in summary if x["group"] == g]
+        n, alive, eq = (sum(x[k] for x in mine) for k in ("mutants", "surviving", "equivalent"))
+        out.append(dict(group=g, modules=[x["module"] for x in mine], generated=mine[0]["generated"], mutants=n,
+                        killed=sum(x["killed"] for x in mine), timeout=sum(x["timeout"] for x in mine),
+                        surviving=alive, explained=sum(x["explained"] for x in mine), equivalent=eq,
+                        kill_rate=round((n - alive) / n, 4) if n else None,
+                        score=round((n - alive) / (n - eq), 4) if n > eq else None))
+    return out
+
+
 def _load_runs(data: dict) -> dict:
     """Per-group results from a report; a report written before rows were stored is rebuilt from its
     summary (killed/timeout counts) and survivors."""
@@ -373,6 +388,7 @@ def write(runs: dict, args, st: dict) -> None:
         for row in r["rows"]:
             if row["status"] not in ("killed", "timeout", "segfault"):
                 survivors.append(dict(row, reason=reason_for(row), group=g))
+    groups = group_totals(summary)
     total = sum(r["seconds"] for r in runs.values())
     n_run = sum(s["mutants"] for s in summary)
     n_det = sum(s["mutants"] - s["surviving"] for s in summary)
@@ -390,14 +406,23 @@ def write(runs: dict, args, st: dict) -> None:
           + f"; {total / 60:.1f} min in all.", "",
           "The code each group ran on (a group's numbers describe that commit; a group run before its module last "
           "changed is out of date): " + ", ".join(
-              f"{g} at `{r.get('stamp', {}).get('commit', '?')}` ({r.get('stamp', {}).get('date', '?')})"
+              f"{g} at `{r.get('stamp', {}).get('commit', '?')}` (sample seed {r.get('settings', {}).get('seed', '?')}, "
+              f"{r.get('stamp', {}).get('date', '?')})"
               for g, r in runs.items()) + ".", "",
           f"Mutants per group: all when a group has at most `--max-mutants` of them, else a seeded random sample "
           f"of that many; the detected fraction of a sample estimates the whole module's (binomial standard "
           f"error sqrt(p(1-p)/n): 3 points at n = 100, 4 at n = 60, 5 at n = 40, for p = 0.9). Overall: {n_det} of {n_run} detected "
           f"({100 * n_det / max(n_run, 1):.1f}%); {n_eq} survivors are equivalent mutants (no input can tell them from "
           f"the code), and the *score* leaves those out of the denominator: {n_det} of {n_run - n_eq} "
-          f"({100 * n_det / max(n_run - n_eq, 1):.1f}%). The target is a score of at least 90% in every module.", "",
+          f"({100 * n_det / max(n_run - n_eq, 1):.1f}%). The target is a score of at least 90% in every module "
+          f"group.", "",
+          report.md_table(["group", "modules", "generated", "run", "killed", "timeout", "surviving", "explained",
+                           "equivalent", "detected", "score"],
+                          [[x["group"], len(x["modules"]), x["generated"], x["mutants"], x["killed"], x["timeout"],
+                            x["surviving"], x["explained"], x["equivalent"],
+                            f"{100 * x['kill_rate']:.1f}%" if x["kill_rate"] is not None else "-",
+                            f"{100 * x['score']:.1f}%" if x.get("score") is not None else "-"] for x in groups]),
+          "", "Per module:", "",
           report.md_table(["group", "module", "generated", "run", "killed", "timeout", "surviving", "explained",
                            "equivalent", "detected", "score"],
                           [[x["group"], x["module"], x["generated"], x["mutants"], x["killed"], x["timeout"],
@@ -416,7 +441,7 @@ def write(runs: dict, args, st: dict) -> None:
         for ln in r.get("diff", "").splitlines()[:4]:
             md.append(f"    `{ln.strip()[:160]}`")
     report.write_report("mutation", "\n".join(md),
-                        dict(summary=summary, survivors=survivors, total_seconds=round(total, 1),
+                        dict(summary=summary, groups=groups, survivors=survivors, total_seconds=round(total, 1),
                              runs={g: {k: v for k, v in r.items() if k != "rows"} | {"rows": r["rows"]}
                                    for g, r in runs.items()}),
                         st, docs=args.docs)
