@@ -241,3 +241,30 @@ def test_toeplitz_matvec_and_dense_matrix_against_loops(H, W):
         y = A(torch.tensor(x, dtype=torch.float64))
         assert y.shape == (H * W,)
         assert np.allclose(y.numpy(), ref @ x, rtol=1e-12, atol=1e-12 * np.abs(ref).sum(1).max() * np.abs(x).max())
+
+
+def test_spectral_mass_against_direct_sums():
+    """(2pi)^-2 int_cell |v^|^2 over a cell and its mirror, estimated from v^ at the centre and the 4 corners (mean of
+    the 5 values times twice the cell area), with v^(w) = sum_{a,b} v[a, b] e^{-i (a wy + b wx)} summed here. The
+    cells have different half widths per axis, so a swapped axis shows; a cell of the whole torus gives Parseval."""
+    rng = np.random.default_rng(2)
+    H, W = 3, 5
+    v = rng.standard_normal(H * W)
+    w = np.array([[0.4, -1.2], [2.5, 0.3], [0.1, 2.9]])
+    r = np.array([[0.2, 0.05], [0.01, 0.3], [0.07, 0.11]])
+    V = v.reshape(H, W)
+    a, b = np.arange(H), np.arange(W)
+
+    def vhat(wy, wx):
+        return (V * np.exp(-1j * (a[:, None] * wy + b[None, :] * wx))).sum()
+
+    got = mj.spectral_mass(torch.tensor(v), torch.tensor(w), torch.tensor(r), H, W).numpy()
+    for j in range(3):
+        vals = [abs(vhat(w[j, 0] + oy * r[j, 0], w[j, 1] + ox * r[j, 1])) ** 2
+                for oy, ox in ((0, 0), (-1, -1), (-1, 1), (1, -1), (1, 1))]
+        ref = np.mean(vals) * 2 * (2 * r[j, 0]) * (2 * r[j, 1]) / (2 * math.pi) ** 2
+        assert abs(got[j] - ref) <= 1e-12 * ref, j
+    # the constant vector: |v^|^2 is the product of two Fejer kernels, equal to (H W)^2 at w = 0
+    one = mj.spectral_mass(torch.ones(H * W, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
+                           torch.full((1, 2), 1e-9, dtype=torch.float64), H, W)
+    assert abs(float(one[0]) - (H * W) ** 2 * 2 * 4e-18 / (2 * math.pi) ** 2) <= 1e-9 * float(one[0])
