@@ -1,6 +1,7 @@
 """The Toeplitz majorant bound (lipcheck.bounds.majorant) against dense matrices and 1-D norms built here from scratch."""
 import math
 
+import mpmath
 import numpy as np
 import pytest
 import torch
@@ -268,3 +269,67 @@ def test_spectral_mass_against_direct_sums():
     one = mj.spectral_mass(torch.ones(H * W, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
                            torch.full((1, 2), 1e-9, dtype=torch.float64), H, W)
     assert abs(float(one[0]) - (H * W) ** 2 * 2 * 4e-18 / (2 * math.pi) ** 2) <= 1e-9 * float(one[0])
+
+
+def _u(dt):
+    return mpmath.mpf(2) ** (-53 if dt == torch.float64 else -24)
+
+
+def _gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def _phase_error(k, u):
+    """proofs/S2.md: the product k m rounds once (u |k| (pi + 1)), cos and sin add 2u each."""
+    return abs(k) * u * (mpmath.pi + 1) * (1 + 2 * u) + 4 * u
+
+
+def _psi_error(u):
+    """proofs/S2.md: 16 u beyond |x| = 1, gamma_64 plus the series tail (< 1e-20) within."""
+    return 16 * u + _gamma(64, u) + mpmath.mpf("1e-20")
+
+
+def test_rounding_allowances_against_proofs():
+    """centre_error, phase_error, psi_error and the widened half widths against the formulas of proofs/S2.md
+    ('Coverage in floating point', 'Rounding of the coefficients') evaluated at 50 digits: each is at least the
+    proof's value up to the rounding of evaluating it (a smaller allowance makes the certified bound untrue in the
+    worst case), and none is more than a few u above it."""
+    mpmath.mp.dps = 50
+    for dt in (torch.float64, torch.float32):
+        u = _u(dt)
+        uf = float(u)
+        ec = (2 * 64 + 4) * u * mpmath.pi
+        assert ec <= mj.centre_error(uf) <= ec * (1 + 8 * u)
+        for k in (0, 1, 2, 5, 31):
+            ref = _phase_error(k, u)
+            assert abs(mj.phase_error(k, uf) - ref) <= 2 * u * ref if k else mj.phase_error(k, uf) == ref
+        ref = _psi_error(u)
+        assert abs(mj.psi_error(uf) - ref) <= 2 * u * ref
+        r = torch.tensor([[0.1, 0.3], [1e-12, 2.0]], dtype=dt)
+        wid = mj._widen(r, uf)
+        for x, y in zip(r.flatten().tolist(), wid.flatten().tolist()):
+            # the exact cell (half width x (1 +- 2u), centre within ec) lies inside the widened one
+            assert y >= x * (1 + 2 * u) + ec
+            assert y <= (x + ec) * (1 + 12 * u)  # the widening 4u, centre_error's own 4u, three roundings
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+@pytest.mark.parametrize("H,W,J", [(2, 2, 1), (2, 1, 1), (1, 2, 3), (4, 5, 2), (7, 3, 5)])
+def test_coefficient_rounding_bound_against_proof(dt, H, W, J):
+    """The bound on |fl(t) - t| returned by toeplitz_coefficients against proofs/S2.md at 50 digits:
+    e_t = V1 ((1 + d_y)(1 + d_x)(1 + gamma_{8J+8}) - 1) + 32 J t_min, V1 = (2/pi^2) sum_j sum|a_j| h_y h_x,
+    d = phase_error(n - 1) + gamma_10 + psi_error. Never below it; above it by no more than V1's own rounding."""
+    mpmath.mp.dps = 50
+    g = torch.Generator().manual_seed(H * 100 + W * 10 + J)
+    a = (torch.rand(J, 2, 2, generator=g, dtype=torch.float64) - 0.3).to(dt)
+    w = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 2).to(dt)
+    h = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 0.5).to(dt)
+    _, err = mj.toeplitz_coefficients(a, w, h, H, W)
+    u = _u(dt)
+    mp = lambda x: mpmath.mpf(float(x))  # noqa: E731
+    V1 = 2 / mpmath.pi ** 2 * sum(sum(abs(mp(x)) for x in a[j].flatten()) * mp(h[j, 0]) * mp(h[j, 1])
+                                  for j in range(J))
+    dy = _phase_error(H - 1, u) + _gamma(10, u) + _psi_error(u)
+    dx = _phase_error(W - 1, u) + _gamma(10, u) + _psi_error(u)
+    ref = V1 * ((1 + dy) * (1 + dx) * (1 + _gamma(8 * J + 8, u)) - 1) + 32 * J * mp(torch.finfo(dt).smallest_normal)
+    assert ref <= err <= ref * (1 + 2 * _gamma(4 * J + 8, u) + _gamma(32, _u(torch.float64)))
