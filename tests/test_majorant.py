@@ -333,3 +333,48 @@ def test_coefficient_rounding_bound_against_proof(dt, H, W, J):
     dx = _phase_error(W - 1, u) + _gamma(10, u) + _psi_error(u)
     ref = V1 * ((1 + dy) * (1 + dx) * (1 + _gamma(8 * J + 8, u)) - 1) + 32 * J * mp(torch.finfo(dt).smallest_normal)
     assert ref <= err <= ref * (1 + 2 * _gamma(4 * J + 8, u) + _gamma(32, _u(torch.float64)))
+
+
+def test_bilinear_coefficients_against_exact_interpolation():
+    """a[p, q] against the bilinear interpolant of the corner values in exact rationals (proofs/S2.md, 'Envelope'):
+    a10, a01, a11 are the exact differences (dyadic inputs: no rounding), the envelope takes the corner values
+    kappa + rho at the corners, and a00 is (mean(kappa) + rho)(1 + gamma_4) + 3 gamma_4 max kappa (the allowance for
+    the three other coefficients' rounding) up to its own rounding."""
+    from fractions import Fraction as Fr
+    kb = torch.tensor([[1.0, 1.25, 1.5, 8.0], [3.0, 0.5, 2.0, 0.75], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    rho = torch.tensor([0.125, 0.0, 2.0], dtype=torch.float64)
+    a = mj.bilinear_coefficients(kb, rho)
+    u = Fr(1, 2 ** 53)
+    g4 = 4 * u / (1 - 4 * u)
+    for j in range(3):
+        mm, mp, pm, pp = (Fr(float(x)) for x in kb[j])  # corners (wy, wx) = (-,-), (-,+), (+,-), (+,+)
+        rj = Fr(float(rho[j]))
+        for (ey, ex), kap in (((-1, -1), mm), ((-1, 1), mp), ((1, -1), pm), ((1, 1), pp)):
+            # the exact interpolant at the corners: kappa + rho
+            val = (mm + mp + pm + pp) / 4 + rj + Fr(float(a[j, 1, 0])) * ey + Fr(float(a[j, 0, 1])) * ex \
+                + Fr(float(a[j, 1, 1])) * ey * ex
+            assert val == kap + rj
+        a00 = (mm + mp + pm + pp) / 4 * (1 + g4) + rj * (1 + g4) + 3 * g4 * max(mm, mp, pm, pp)
+        assert abs(Fr(float(a[j, 0, 0])) - a00) <= 2 * u * a00
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+def test_interval_transforms_against_integrals(dt):
+    """I(k) = (1/2pi) int_{m-h}^{m+h} e^{-ikw} dw and L(k) = (1/2pi) int ((w - m)/h) e^{-ikw} dw by mpmath quadrature,
+    for small and large k h (the series and the closed form of psi) and k = 0; the error is within the allowance of
+    proofs/S2.md, (h/pi)(phase_error + gamma_10 + psi_error)."""
+    mpmath.mp.dps = 30
+    k = torch.arange(-6, 7, dtype=dt)
+    m = torch.tensor([0.3, -2.9, 1.7], dtype=dt)
+    h = torch.tensor([0.05, 0.4, 1.3], dtype=dt)
+    I, L = mj.interval_transforms(k, m, h)
+    u = _u(dt)
+    for j in range(3):
+        mj_, hj = mpmath.mpf(float(m[j])), mpmath.mpf(float(h[j]))
+        allow = hj / mpmath.pi * (_phase_error(6, u) + _gamma(10, u) + _psi_error(u))
+        for i, kk in enumerate(range(-6, 7)):
+            e = lambda w: mpmath.exp(-1j * kk * w) / (2 * mpmath.pi)  # noqa: E731
+            ri = mpmath.quad(e, [mj_ - hj, mj_ + hj])
+            rl = mpmath.quad(lambda w: (w - mj_) / hj * e(w), [mj_ - hj, mj_ + hj])
+            assert abs(complex(I[j, i]) - ri) <= allow, (j, kk)
+            assert abs(complex(L[j, i]) - rl) <= allow, (j, kk)
