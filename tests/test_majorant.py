@@ -378,3 +378,48 @@ def test_interval_transforms_against_integrals(dt):
             rl = mpmath.quad(lambda w: (w - mj_) / hj * e(w), [mj_ - hj, mj_ + hj])
             assert abs(complex(I[j, i]) - ri) <= allow, (j, kk)
             assert abs(complex(L[j, i]) - rl) <= allow, (j, kk)
+
+
+def _one_head_positive(C=4, seed=3):
+    """One head, one centred component: the symbol -0.8 ghat_y ghat_x P has modulus 0.8 ghat_y ghat_x ||P|| (ghat > 0),
+    so the majorant is tight and ||T|| = 0.8 ||G_H|| ||G_W|| ||P|| exactly (T = K kron P^T, K = G_H kron G_W)."""
+    rng = np.random.default_rng(seed)
+    WV, WO = rng.standard_normal((C, C)), rng.standard_normal((C, C))
+    p = params([[-0.8]], [[[0.0, 0.0]]], [[[1.1, 0.7]]], WV, WO)
+    return p, lambda H, W: 0.8 * np.linalg.norm(axis(H, 0, 1.1), 2) * np.linalg.norm(axis(W, 0, 0.7), 2) \
+        * np.linalg.norm(WV @ WO, 2)
+
+
+def test_tight_on_a_positive_symbol_and_margin_assembled_as_in_proof():
+    """On the factorised positive case the bound is within rtol of the exact norm (product of 1-D Toeplitz norms
+    times ||P||) and the envelope's own lambda_max is between them. The final margin is the proof's
+    ||E||_2 <= (2H - 1)(2W - 1) e_t for the coefficient allowance e_t of the stored cells (pinned to the proof in
+    test_coefficient_rounding_bound_against_proof), checked in exact rationals: never below it, and the certificate
+    adds little (the pad of the Cholesky check starts at 1e-10)."""
+    from fractions import Fraction as Fr
+    H, W, rtol = 3, 4, 1e-2
+    p, exact_of = _one_head_positive()
+    exact = exact_of(H, W)
+    m = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=40)
+    assert exact * (1 - 1e-12) <= m.estimate <= m.upper <= exact * (1 + rtol)
+    assert m.upper - m.estimate <= 1e-8 * m.upper
+    assert m.info["excess_estimate"] <= rtol * m.estimate  # the stopping rule it ran to
+    cells = m.info["cells"]
+    _, e_t = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
+    e = cells["log2_scale"]
+    assert Fr(m.margin) >= (2 * H - 1) * (2 * W - 1) * Fr(e_t) * Fr(2) ** e > 0
+    assert m.margin <= (2 * H - 1) * (2 * W - 1) * e_t * 2.0 ** e * (1 + 1e-14)
+
+
+def test_refinement_stops_once_the_excess_is_below_rtol():
+    """The documented stopping rule: refinement ends at the first round whose excess estimate is below rtol lambda
+    with no anchor added, so the last round only confirms (one round fewer gives the same bound) and every earlier
+    round changed the envelope (two rounds fewer gives a looser one)."""
+    H, W, rtol = 3, 4, 1e-2
+    p, _ = _one_head_positive()
+    m = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=40)
+    assert 2 <= m.rounds < 40
+    one_less = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=m.rounds - 1)
+    two_less = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=m.rounds - 2)
+    assert one_less.upper == m.upper and one_less.cells == m.cells
+    assert two_less.upper > m.upper
