@@ -423,3 +423,34 @@ def test_refinement_stops_once_the_excess_is_below_rtol():
     two_less = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=m.rounds - 2)
     assert one_less.upper == m.upper and one_less.cells == m.cells
     assert two_less.upper > m.upper
+
+
+def test_corner_bounds_tight_at_anchored_cells():
+    """Corner bounds of small linearised cells whose centres carry anchors (exact SVDs) are within 1e-6 of
+    ||sum_h c_h P_h|| at the four corners c(w0) + J (corner - w0), computed here with numpy's SVD from P_h = W_V,h W_O,h;
+    the triangle bound alone (what is left without anchors) is far above it for two heads. One cell alone, several
+    together, and the anchors passed explicitly must all be tight."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(4)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    q = sp.normalised(params(alpha, mu, sigma, WV, WO))
+    sn = sp.SymbolNorm(q)
+    model = mj.CellModel(q, sn)
+    w = torch.tensor([[0.3, -0.4], [1.9, 2.2], [0.05, 0.8]], dtype=torch.float64)
+    r = torch.full((3, 2), 1e-5, dtype=torch.float64)
+    c, J = sp.symbol_and_gradient(q, w[:, 0], w[:, 1])
+    sn.add_anchors(c)
+    P = [q.WV[:, i * 2:(i + 1) * 2].numpy() @ q.WO[i * 2:(i + 1) * 2, :].numpy() for i in range(2)]
+    cn, Jn, rn = c.numpy(), J.numpy(), r.numpy()
+    corners = [(-1, -1), (-1, 1), (1, -1), (1, 1)]
+    ref = np.array([[np.linalg.norm(sum((cn[n, i] + Jn[n, i, 0] * sy * rn[n, 0] + Jn[n, i, 1] * sx * rn[n, 1]) * P[i]
+                                        for i in range(2)), 2) for sy, sx in corners] for n in range(3)])
+    tri = np.array([[sum(abs(cn[n, i]) * np.linalg.norm(P[i], 2) for i in range(2))] * 4 for n in range(3)])
+    assert (tri > ref * 1.01).all()  # the anchors must do the work
+    for kb in (model.corner_bounds(c[:1], J[:1], r[:1]).numpy(), model.corner_bounds(c, J, r).numpy(),
+               model.corner_bounds(c, J, r, nearest=1, batch=1).numpy(),
+               model.corner_bounds(c, J, r, sn.all_anchors()).numpy()):
+        n = kb.shape[0]
+        assert kb.shape == (n, 4)
+        assert (kb >= ref[:n] * (1 - 1e-12)).all() and (kb <= ref[:n] * (1 + 1e-6)).all(), (kb, ref[:n])
+    assert model.corner_bounds(c[:0], J[:0], r[:0]).shape == (0, 4)
