@@ -409,6 +409,21 @@ def test_tight_on_a_positive_symbol_and_margin_assembled_as_in_proof():
     e = cells["log2_scale"]
     assert Fr(m.margin) >= (2 * H - 1) * (2 * W - 1) * Fr(e_t) * Fr(2) ** e > 0
     assert m.margin <= (2 * H - 1) * (2 * W - 1) * e_t * 2.0 ** e * (1 + 1e-14)
+    # max_w s(w) = 0.8 ||P|| at w = 0 (positive taps summing to 1): the envelope's maximum is above it, and close
+    smax = 0.8 * np.linalg.norm(p.WV.numpy() @ p.WO.numpy(), 2)
+    assert smax <= m.info["symbol_max_upper"] <= smax * (1 + 0.05)
+
+
+def test_scale_moved_out_and_back():
+    """Weights far from unit scale (alpha * 37, W_O / 1024, not powers of two): the operator scales by 37/1024 and
+    so do the exact norm and the bound, which stays above it and within rtol."""
+    H, W, rtol = 3, 4, 1e-2
+    p, exact_of = _one_head_positive()
+    exact = exact_of(H, W) * 37 / 1024
+    q = SSoGParams(p.alpha * 37, p.mu, p.sigma, p.WV, p.WO / 1024)
+    m = mj.toeplitz_majorant(q, H, W, rtol=rtol, max_rounds=40)
+    assert exact * (1 - 1e-12) <= m.estimate <= m.upper <= exact * (1 + rtol)
+    assert 0 < m.margin <= 1e-10 * m.upper
 
 
 def test_refinement_stops_once_the_excess_is_below_rtol():
@@ -487,3 +502,22 @@ def test_cell_remainder_bounds_and_matches_taylor():
         assert worst <= bound, (w0, r, worst, bound)
     leading = 0.5 * abs(alpha) * (k ** 2 * gy).sum() * 0.02 ** 2
     assert leading * (1 - 1e-3) <= rem[0] <= leading * 1.01
+
+
+@pytest.mark.parametrize("H,W", [(5, 7), (33, 32)])
+def test_top_eigenpair_against_numpy(H, W):
+    """lambda_max of T_N(t) for the coefficients of a positive symbol (a separated top eigenvalue), by the dense
+    eigensolver (N <= 1024) and by Lanczos with the FFT matvec (N > 1024), against numpy's eigvalsh of the matrix
+    built here; the returned vector is a unit eigenvector up to the Lanczos accuracy."""
+    ky = np.arange(-(H - 1), H)[:, None]
+    kx = np.arange(-(W - 1), W)[None, :]
+    t = np.exp(-0.5 * (ky ** 2 / 1.5 ** 2 + kx ** 2 / 0.8 ** 2)) + 0.1 * np.exp(-np.abs(ky - kx) / 2)
+    t = (t + t[::-1, ::-1]) / 2
+    a, b = np.arange(H), np.arange(W)
+    M = t[(a[:, None] - a[None, :] + H - 1)[:, None, :, None], (b[:, None] - b[None, :] + W - 1)[None, :, None, :]]
+    M = M.reshape(H * W, H * W)
+    ref = np.linalg.eigvalsh(M)[-1]
+    lam, v = mj._top_eigen(torch.tensor(t), H, W, None, 120)
+    v = v.numpy()
+    assert abs(lam - ref) <= 1e-9 * ref
+    assert abs(np.linalg.norm(v) - 1) <= 1e-8 and np.linalg.norm(M @ v - ref * v) <= 1e-4 * ref
