@@ -169,14 +169,15 @@ def test_monotone_in_refinement_and_never_below_the_finer_bound_by_much():
     assert exact <= fine.upper <= coarse.upper * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("bad", ["alpha", "mu", "WV"])
+@pytest.mark.parametrize("bad", ["alpha", "mu", "sigma", "W_V", "W_O"])
 def test_non_finite_raises(bad):
+    """A NaN anywhere in the layer is refused, and the refusal names the parameter that holds it."""
     rng = np.random.default_rng(0)
     layer = list(random_layer(rng, 1, 1, 2, 0.0, 1.0))
-    idx = {"alpha": 0, "mu": 1, "WV": 3}[bad]
+    idx = {"alpha": 0, "mu": 1, "sigma": 2, "W_V": 3, "W_O": 4}[bad]
     layer[idx] = layer[idx].copy()
     layer[idx].flat[0] = np.nan
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{bad} has NaN"):
         mj.toeplitz_majorant_bound(params(*layer), 3, 3)
 
 
@@ -521,3 +522,14 @@ def test_top_eigenpair_against_numpy(H, W):
     v = v.numpy()
     assert abs(lam - ref) <= 1e-9 * ref
     assert abs(np.linalg.norm(v) - 1) <= 1e-8 and np.linalg.norm(M @ v - ref * v) <= 1e-4 * ref
+
+
+def test_zero_layer_bound_is_zero_without_anchors():
+    """alpha = 0: the operator is zero, the symbol vanishes, and the bound is 0 up to the smallest-normal-number
+    allowances; no exact SVD is spent on a symbol whose triangle bound is already 0 (tie of 0 with 0 in the anchor
+    rule)."""
+    rng = np.random.default_rng(1)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    m = mj.toeplitz_majorant(params(0 * alpha, mu, sigma, WV, WO), 3, 3, max_rounds=2)
+    assert 0 <= m.upper <= 1e-290
+    assert m.anchors == 0
