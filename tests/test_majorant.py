@@ -533,3 +533,27 @@ def test_zero_layer_bound_is_zero_without_anchors():
     m = mj.toeplitz_majorant(params(0 * alpha, mu, sigma, WV, WO), 3, 3, max_rounds=2)
     assert 0 <= m.upper <= 1e-290
     assert m.anchors == 0
+
+
+def test_corner_bounds_pick_the_anchor_nearest_in_the_symbol():
+    """With one anchor per cell (nearest=1) the anchor must be the nearest in the size of the change of S(c)
+    (sum_h |dc_h| F_h), not of the coefficients: head 1's projection is ~100 times heavier than head 2's, anchor a
+    moves c by 0.01 in head 1 (a change of S as large as S), anchor b by 0.1 in head 2 (a tenth of S). Only b gives a
+    bound within 1% of ||0.01 P_1 + P_2|| (numpy's SVD); a gives no better than the triangle bound."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(0)
+    C = 4
+    WV, WO = rng.standard_normal((C, C)), rng.standard_normal((C, C))
+    WV[:, 2:] *= 0.01
+    q = sp.normalised(params([[0.7], [0.7]], np.zeros((2, 1, 2)), np.ones((2, 1, 2)), WV, WO))
+    sn = sp.SymbolNorm(q)
+    model = mj.CellModel(q, sn)
+    c = torch.tensor([[0.01, 1.0]], dtype=torch.complex128)
+    sn.add_anchors(torch.cat([c + torch.tensor([[0.01, 0.0]], dtype=torch.complex128),
+                              c + torch.tensor([[0.0, 0.1]], dtype=torch.complex128)]))
+    P = [q.WV[:, i * 2:(i + 1) * 2].numpy() @ q.WO[i * 2:(i + 1) * 2, :].numpy() for i in range(2)]
+    exact = np.linalg.norm(0.01 * P[0] + P[1], 2)
+    assert 0.01 * np.linalg.norm(P[0], 2) > 0.5 * exact > 0.1 * np.linalg.norm(P[1], 2)
+    kb = model.corner_bounds(c, torch.zeros(1, 2, 2, dtype=torch.complex128),
+                             torch.full((1, 2), 1e-12, dtype=torch.float64), nearest=1).numpy()
+    assert (kb >= exact * (1 - 1e-12)).all() and (kb <= exact * 1.01).all(), (kb, exact)
