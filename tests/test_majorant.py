@@ -443,9 +443,9 @@ def test_refinement_stops_once_the_excess_is_below_rtol():
 
 def test_corner_bounds_tight_at_anchored_cells():
     """Corner bounds of small linearised cells whose centres carry anchors (exact SVDs) are within 1e-6 of
-    ||sum_h c_h P_h|| at the four corners c(w0) + J (corner - w0), computed here with numpy's SVD from P_h = W_V,h W_O,h;
-    the triangle bound alone (what is left without anchors) is far above it for two heads. One cell alone, several
-    together, and the anchors passed explicitly must all be tight."""
+    ||sum_h c_h P_h|| at the four corners c(w0) + J (corner - w0), computed here with numpy's SVD from
+    P_h = W_V,h W_O,h; the triangle bound alone (what is left without anchors) is far above it for two heads. One
+    cell alone, several together, and the anchors passed explicitly must all be tight."""
     from lipcheck.bounds import spectral as sp
     rng = np.random.default_rng(4)
     alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
