@@ -1,6 +1,7 @@
 """The Toeplitz majorant bound (lipcheck.bounds.majorant) against dense matrices and 1-D norms built here from scratch."""
 import math
 
+import mpmath
 import numpy as np
 import pytest
 import torch
@@ -168,14 +169,15 @@ def test_monotone_in_refinement_and_never_below_the_finer_bound_by_much():
     assert exact <= fine.upper <= coarse.upper * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("bad", ["alpha", "mu", "WV"])
+@pytest.mark.parametrize("bad", ["alpha", "mu", "sigma", "W_V", "W_O"])
 def test_non_finite_raises(bad):
+    """A NaN anywhere in the layer is refused, and the refusal names the parameter that holds it."""
     rng = np.random.default_rng(0)
     layer = list(random_layer(rng, 1, 1, 2, 0.0, 1.0))
-    idx = {"alpha": 0, "mu": 1, "WV": 3}[bad]
+    idx = {"alpha": 0, "mu": 1, "sigma": 2, "W_V": 3, "W_O": 4}[bad]
     layer[idx] = layer[idx].copy()
     layer[idx].flat[0] = np.nan
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{bad} has NaN"):
         mj.toeplitz_majorant_bound(params(*layer), 3, 3)
 
 
@@ -213,3 +215,345 @@ def test_float32_certification_above_dense_norm():
     exact32 = dense_norm(*(t.double().numpy() for t in (p32.alpha, p32.mu, p32.sigma, p32.WV, p32.WO)), 4, 3)
     b = mj.toeplitz_majorant_bound(p32, 4, 3, max_rounds=6)
     assert b >= exact32 and abs(exact32 / exact - 1) < 1e-5
+
+
+def two_level_toeplitz(t, H, W):
+    """M[(a, b), (a', b')] = t[a - a', b - b'] by explicit loops over the row-major tokens (t indexed by offsets)."""
+    M = np.zeros((H * W, H * W))
+    for a in range(H):
+        for b in range(W):
+            for a2 in range(H):
+                for b2 in range(W):
+                    M[a * W + b, a2 * W + b2] = t[a - a2 + H - 1, b - b2 + W - 1]
+    return M
+
+
+@pytest.mark.parametrize("H,W", [(1, 1), (1, 4), (3, 1), (3, 5), (6, 4)])
+def test_toeplitz_matvec_and_dense_matrix_against_loops(H, W):
+    """The FFT matvec (circulant embedding) and the dense two-level Toeplitz matrix, for a non-symmetric coefficient
+    array (so that a swapped offset sign or axis shows), against the matrix written out entry by entry."""
+    rng = np.random.default_rng(H * 10 + W)
+    t = rng.standard_normal((2 * H - 1, 2 * W - 1))
+    ref = two_level_toeplitz(t, H, W)
+    tt = torch.tensor(t, dtype=torch.float64)
+    assert np.array_equal(mj.dense_toeplitz(tt, H, W).numpy(), ref)
+    A = mj.ToeplitzMatvec(tt, H, W)
+    for _ in range(3):
+        x = rng.standard_normal(H * W)
+        y = A(torch.tensor(x, dtype=torch.float64))
+        assert y.shape == (H * W,)
+        assert np.allclose(y.numpy(), ref @ x, rtol=1e-12, atol=1e-12 * np.abs(ref).sum(1).max() * np.abs(x).max())
+
+
+def test_spectral_mass_against_direct_sums():
+    """(2pi)^-2 int_cell |v^|^2 over a cell and its mirror, estimated from v^ at the centre and the 4 corners (mean of
+    the 5 values times twice the cell area), with v^(w) = sum_{a,b} v[a, b] e^{-i (a wy + b wx)} summed here. The
+    cells have different half widths per axis, so a swapped axis shows; a cell of the whole torus gives Parseval."""
+    rng = np.random.default_rng(2)
+    H, W = 3, 5
+    v = rng.standard_normal(H * W)
+    w = np.array([[0.4, -1.2], [2.5, 0.3], [0.1, 2.9]])
+    r = np.array([[0.2, 0.05], [0.01, 0.3], [0.07, 0.11]])
+    V = v.reshape(H, W)
+    a, b = np.arange(H), np.arange(W)
+
+    def vhat(wy, wx):
+        return (V * np.exp(-1j * (a[:, None] * wy + b[None, :] * wx))).sum()
+
+    got = mj.spectral_mass(torch.tensor(v), torch.tensor(w), torch.tensor(r), H, W).numpy()
+    for j in range(3):
+        vals = [abs(vhat(w[j, 0] + oy * r[j, 0], w[j, 1] + ox * r[j, 1])) ** 2
+                for oy, ox in ((0, 0), (-1, -1), (-1, 1), (1, -1), (1, 1))]
+        ref = np.mean(vals) * 2 * (2 * r[j, 0]) * (2 * r[j, 1]) / (2 * math.pi) ** 2
+        assert abs(got[j] - ref) <= 1e-12 * ref, j
+    # the constant vector: |v^|^2 is the product of two Fejer kernels, equal to (H W)^2 at w = 0
+    one = mj.spectral_mass(torch.ones(H * W, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
+                           torch.full((1, 2), 1e-9, dtype=torch.float64), H, W)
+    assert abs(float(one[0]) - (H * W) ** 2 * 2 * 4e-18 / (2 * math.pi) ** 2) <= 1e-9 * float(one[0])
+
+
+def _u(dt):
+    return mpmath.mpf(2) ** (-53 if dt == torch.float64 else -24)
+
+
+def _gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def _phase_error(k, u):
+    """proofs/S2.md: the product k m rounds once (u |k| (pi + 1)), cos and sin add 2u each."""
+    return abs(k) * u * (mpmath.pi + 1) * (1 + 2 * u) + 4 * u
+
+
+def _psi_error(u):
+    """proofs/S2.md: 16 u beyond |x| = 1, gamma_64 plus the series tail (< 1e-20) within."""
+    return 16 * u + _gamma(64, u) + mpmath.mpf("1e-20")
+
+
+def test_rounding_allowances_against_proofs():
+    """centre_error, phase_error, psi_error and the widened half widths against the formulas of proofs/S2.md
+    ('Coverage in floating point', 'Rounding of the coefficients') evaluated at 50 digits: each is at least the
+    proof's value up to the rounding of evaluating it (a smaller allowance makes the certified bound untrue in the
+    worst case), and none is more than a few u above it."""
+    mpmath.mp.dps = 50
+    for dt in (torch.float64, torch.float32):
+        u = _u(dt)
+        uf = float(u)
+        ec = (2 * 64 + 4) * u * mpmath.pi
+        assert ec <= mj.centre_error(uf) <= ec * (1 + 8 * u)
+        for k in (0, 1, 2, 5, 31):
+            ref = _phase_error(k, u)
+            assert abs(mj.phase_error(k, uf) - ref) <= 2 * u * ref if k else mj.phase_error(k, uf) == ref
+        ref = _psi_error(u)
+        assert abs(mj.psi_error(uf) - ref) <= 2 * u * ref
+        r = torch.tensor([[0.1, 0.3], [1e-12, 2.0]], dtype=dt)
+        wid = mj._widen(r, uf)
+        for x, y in zip(r.flatten().tolist(), wid.flatten().tolist()):
+            # the exact cell (half width x (1 +- 2u), centre within ec) lies inside the widened one
+            assert y >= x * (1 + 2 * u) + ec
+            assert y <= (x + ec) * (1 + 12 * u)  # the widening 4u, centre_error's own 4u, three roundings
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+@pytest.mark.parametrize("H,W,J", [(2, 2, 1), (2, 1, 1), (1, 2, 3), (4, 5, 2), (7, 3, 5)])
+def test_coefficient_rounding_bound_against_proof(dt, H, W, J):
+    """The bound on |fl(t) - t| returned by toeplitz_coefficients against proofs/S2.md at 50 digits:
+    e_t = V1 ((1 + d_y)(1 + d_x)(1 + gamma_{8J+8}) - 1) + 32 J t_min, V1 = (2/pi^2) sum_j sum|a_j| h_y h_x,
+    d = phase_error(n - 1) + gamma_10 + psi_error. Never below it; above it by no more than V1's own rounding."""
+    mpmath.mp.dps = 50
+    g = torch.Generator().manual_seed(H * 100 + W * 10 + J)
+    a = (torch.rand(J, 2, 2, generator=g, dtype=torch.float64) - 0.3).to(dt)
+    w = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 2).to(dt)
+    h = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 0.5).to(dt)
+    _, err = mj.toeplitz_coefficients(a, w, h, H, W)
+    u = _u(dt)
+    mp = lambda x: mpmath.mpf(float(x))  # noqa: E731
+    V1 = 2 / mpmath.pi ** 2 * sum(sum(abs(mp(x)) for x in a[j].flatten()) * mp(h[j, 0]) * mp(h[j, 1])
+                                  for j in range(J))
+    dy = _phase_error(H - 1, u) + _gamma(10, u) + _psi_error(u)
+    dx = _phase_error(W - 1, u) + _gamma(10, u) + _psi_error(u)
+    ref = V1 * ((1 + dy) * (1 + dx) * (1 + _gamma(8 * J + 8, u)) - 1) + 32 * J * mp(torch.finfo(dt).smallest_normal)
+    assert ref <= err <= ref * (1 + 2 * _gamma(4 * J + 8, u) + _gamma(32, _u(torch.float64)))
+
+
+def test_bilinear_coefficients_against_exact_interpolation():
+    """a[p, q] against the bilinear interpolant of the corner values in exact rationals (proofs/S2.md, 'Envelope'):
+    a10, a01, a11 are the exact differences (dyadic inputs: no rounding), the envelope takes the corner values
+    kappa + rho at the corners, and a00 is (mean(kappa) + rho)(1 + gamma_4) + 3 gamma_4 max kappa (the allowance for
+    the three other coefficients' rounding) up to its own rounding."""
+    from fractions import Fraction as Fr
+    kb = torch.tensor([[1.0, 1.25, 1.5, 8.0], [3.0, 0.5, 2.0, 0.75], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    rho = torch.tensor([0.125, 0.0, 2.0], dtype=torch.float64)
+    a = mj.bilinear_coefficients(kb, rho)
+    u = Fr(1, 2 ** 53)
+    g4 = 4 * u / (1 - 4 * u)
+    for j in range(3):
+        mm, mp, pm, pp = (Fr(float(x)) for x in kb[j])  # corners (wy, wx) = (-,-), (-,+), (+,-), (+,+)
+        rj = Fr(float(rho[j]))
+        for (ey, ex), kap in (((-1, -1), mm), ((-1, 1), mp), ((1, -1), pm), ((1, 1), pp)):
+            # the exact interpolant at the corners: kappa + rho
+            val = (mm + mp + pm + pp) / 4 + rj + Fr(float(a[j, 1, 0])) * ey + Fr(float(a[j, 0, 1])) * ex \
+                + Fr(float(a[j, 1, 1])) * ey * ex
+            assert val == kap + rj
+        a00 = (mm + mp + pm + pp) / 4 * (1 + g4) + rj * (1 + g4) + 3 * g4 * max(mm, mp, pm, pp)
+        assert abs(Fr(float(a[j, 0, 0])) - a00) <= 2 * u * a00
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+def test_interval_transforms_against_integrals(dt):
+    """I(k) = (1/2pi) int_{m-h}^{m+h} e^{-ikw} dw and L(k) = (1/2pi) int ((w - m)/h) e^{-ikw} dw by mpmath quadrature,
+    for small and large k h (the series and the closed form of psi) and k = 0; the error is within the allowance of
+    proofs/S2.md, (h/pi)(phase_error + gamma_10 + psi_error)."""
+    mpmath.mp.dps = 30
+    k = torch.arange(-6, 7, dtype=dt)
+    m = torch.tensor([0.3, -2.9, 1.7], dtype=dt)
+    h = torch.tensor([0.05, 0.4, 1.3], dtype=dt)
+    I, L = mj.interval_transforms(k, m, h)
+    u = _u(dt)
+    for j in range(3):
+        mj_, hj = mpmath.mpf(float(m[j])), mpmath.mpf(float(h[j]))
+        allow = hj / mpmath.pi * (_phase_error(6, u) + _gamma(10, u) + _psi_error(u))
+        for i, kk in enumerate(range(-6, 7)):
+            e = lambda w: mpmath.exp(-1j * kk * w) / (2 * mpmath.pi)  # noqa: E731
+            ri = mpmath.quad(e, [mj_ - hj, mj_ + hj])
+            rl = mpmath.quad(lambda w: (w - mj_) / hj * e(w), [mj_ - hj, mj_ + hj])
+            assert abs(complex(I[j, i]) - ri) <= allow, (j, kk)
+            assert abs(complex(L[j, i]) - rl) <= allow, (j, kk)
+
+
+def _one_head_positive(C=4, seed=3):
+    """One head, one centred component: the symbol -0.8 ghat_y ghat_x P has modulus 0.8 ghat_y ghat_x ||P|| (ghat > 0),
+    so the majorant is tight and ||T|| = 0.8 ||G_H|| ||G_W|| ||P|| exactly (T = K kron P^T, K = G_H kron G_W)."""
+    rng = np.random.default_rng(seed)
+    WV, WO = rng.standard_normal((C, C)), rng.standard_normal((C, C))
+    p = params([[-0.8]], [[[0.0, 0.0]]], [[[1.1, 0.7]]], WV, WO)
+    return p, lambda H, W: 0.8 * np.linalg.norm(axis(H, 0, 1.1), 2) * np.linalg.norm(axis(W, 0, 0.7), 2) \
+        * np.linalg.norm(WV @ WO, 2)
+
+
+def test_tight_on_a_positive_symbol_and_margin_assembled_as_in_proof():
+    """On the factorised positive case the bound is within rtol of the exact norm (product of 1-D Toeplitz norms
+    times ||P||) and the envelope's own lambda_max is between them. The final margin is the proof's
+    ||E||_2 <= (2H - 1)(2W - 1) e_t for the coefficient allowance e_t of the stored cells (pinned to the proof in
+    test_coefficient_rounding_bound_against_proof), checked in exact rationals: never below it, and the certificate
+    adds little (the pad of the Cholesky check starts at 1e-10)."""
+    from fractions import Fraction as Fr
+    H, W, rtol = 3, 4, 1e-2
+    p, exact_of = _one_head_positive()
+    exact = exact_of(H, W)
+    m = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=40)
+    assert exact * (1 - 1e-12) <= m.estimate <= m.upper <= exact * (1 + rtol)
+    assert m.upper - m.estimate <= 1e-8 * m.upper
+    assert m.info["excess_estimate"] <= rtol * m.estimate  # the stopping rule it ran to
+    cells = m.info["cells"]
+    _, e_t = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
+    e = cells["log2_scale"]
+    assert Fr(m.margin) >= (2 * H - 1) * (2 * W - 1) * Fr(e_t) * Fr(2) ** e > 0
+    assert m.margin <= (2 * H - 1) * (2 * W - 1) * e_t * 2.0 ** e * (1 + 1e-14)
+    # max_w s(w) = 0.8 ||P|| at w = 0 (positive taps summing to 1): the envelope's maximum is above it, and close
+    smax = 0.8 * np.linalg.norm(p.WV.numpy() @ p.WO.numpy(), 2)
+    assert smax <= m.info["symbol_max_upper"] <= smax * (1 + 0.05)
+
+
+def test_scale_moved_out_and_back():
+    """Weights far from unit scale (alpha * 37, W_O / 1024, not powers of two): the operator scales by 37/1024 and
+    so do the exact norm and the bound, which stays above it and within rtol."""
+    H, W, rtol = 3, 4, 1e-2
+    p, exact_of = _one_head_positive()
+    exact = exact_of(H, W) * 37 / 1024
+    q = SSoGParams(p.alpha * 37, p.mu, p.sigma, p.WV, p.WO / 1024)
+    m = mj.toeplitz_majorant(q, H, W, rtol=rtol, max_rounds=40)
+    assert exact * (1 - 1e-12) <= m.estimate <= m.upper <= exact * (1 + rtol)
+    assert 0 < m.margin <= 1e-10 * m.upper
+
+
+def test_refinement_stops_once_the_excess_is_below_rtol():
+    """The documented stopping rule: refinement ends at the first round whose excess estimate is below rtol lambda
+    with no anchor added, so the last round only confirms (one round fewer gives the same bound) and every earlier
+    round changed the envelope (two rounds fewer gives a looser one)."""
+    H, W, rtol = 3, 4, 1e-2
+    p, _ = _one_head_positive()
+    m = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=40)
+    assert 2 <= m.rounds < 40
+    one_less = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=m.rounds - 1)
+    two_less = mj.toeplitz_majorant(p, H, W, rtol=rtol, max_rounds=m.rounds - 2)
+    assert one_less.upper == m.upper and one_less.cells == m.cells
+    assert two_less.upper > m.upper
+
+
+def test_corner_bounds_tight_at_anchored_cells():
+    """Corner bounds of small linearised cells whose centres carry anchors (exact SVDs) are within 1e-6 of
+    ||sum_h c_h P_h|| at the four corners c(w0) + J (corner - w0), computed here with numpy's SVD from
+    P_h = W_V,h W_O,h; the triangle bound alone (what is left without anchors) is far above it for two heads. One
+    cell alone, several together, and the anchors passed explicitly must all be tight."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(4)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    q = sp.normalised(params(alpha, mu, sigma, WV, WO))
+    sn = sp.SymbolNorm(q)
+    model = mj.CellModel(q, sn)
+    w = torch.tensor([[0.3, -0.4], [1.9, 2.2], [0.05, 0.8]], dtype=torch.float64)
+    r = torch.full((3, 2), 1e-5, dtype=torch.float64)
+    c, J = sp.symbol_and_gradient(q, w[:, 0], w[:, 1])
+    sn.add_anchors(c)
+    P = [q.WV[:, i * 2:(i + 1) * 2].numpy() @ q.WO[i * 2:(i + 1) * 2, :].numpy() for i in range(2)]
+    cn, Jn, rn = c.numpy(), J.numpy(), r.numpy()
+    corners = [(-1, -1), (-1, 1), (1, -1), (1, 1)]
+    ref = np.array([[np.linalg.norm(sum((cn[n, i] + Jn[n, i, 0] * sy * rn[n, 0] + Jn[n, i, 1] * sx * rn[n, 1]) * P[i]
+                                        for i in range(2)), 2) for sy, sx in corners] for n in range(3)])
+    tri = np.array([[sum(abs(cn[n, i]) * np.linalg.norm(P[i], 2) for i in range(2))] * 4 for n in range(3)])
+    assert (tri > ref * 1.01).all()  # the anchors must do the work
+    for kb in (model.corner_bounds(c[:1], J[:1], r[:1]).numpy(), model.corner_bounds(c, J, r).numpy(),
+               model.corner_bounds(c, J, r, nearest=1, batch=1).numpy(),
+               model.corner_bounds(c, J, r, sn.all_anchors()).numpy()):
+        n = kb.shape[0]
+        assert kb.shape == (n, 4)
+        assert (kb >= ref[:n] * (1 - 1e-12)).all() and (kb <= ref[:n] * (1 + 1e-6)).all(), (kb, ref[:n])
+    assert model.corner_bounds(c[:0], J[:0], r[:0]).shape == (0, 4)
+
+
+def test_cell_remainder_bounds_and_matches_taylor():
+    """The cell model's remainder against the Taylor remainder of c(w) = alpha ghat_y(wy) ghat_x(wx) summed here from
+    the taps: at w0 = 0 (mu = 0, so J = 0) on a cell thin in x, |c(w) - c(w0) - J (w - w0)| reaches
+    (1/2)|alpha| ghat_y''(0) ry^2 = (1/2)|alpha| sum_k k^2 g(k) ry^2 at wy = +-ry, which is the bound's leading term:
+    the bound holds and is within 1% of it. On square and off-centre cells it still holds."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(6)
+    WV, WO = rng.standard_normal((2, 2)), rng.standard_normal((2, 2))
+    alpha, sy, sx = -0.8, 1.7, 0.9
+    q = sp.normalised(params([[alpha]], [[[0.0, 0.0]]], [[[sy, sx]]], WV, WO))
+    model = mj.CellModel(q, sp.SymbolNorm(q))
+    k = np.arange(-60, 61)
+    gy, gx = taps(k, 0.0, sy), taps(k, 0.0, sx)
+
+    def c_and_grad(wy, wx):
+        ey, ex = np.exp(-1j * k * wy), np.exp(-1j * k * wx)
+        Gy, Gx = (gy * ey).sum(), (gx * ex).sum()
+        dGy, dGx = (-1j * k * gy * ey).sum(), (-1j * k * gx * ex).sum()
+        return alpha * Gy * Gx, alpha * np.array([dGy * Gx, Gy * dGx])
+
+    cells = [((0.0, 0.0), (0.02, 1e-9)), ((0.0, 0.0), (0.05, 0.05)), ((1.1, -0.6), (0.1, 0.04)),
+             ((2.8, 3.0), (0.3, 0.3))]
+    rem = model.remainder(torch.tensor([r for _, r in cells], dtype=torch.float64))[:, 0].numpy()
+    s = np.linspace(-1, 1, 9)
+    for (w0, r), bound in zip(cells, rem):
+        c0, J0 = c_and_grad(*w0)
+        worst = max(abs(c_and_grad(w0[0] + a * r[0], w0[1] + b * r[1])[0] - c0 - J0 @ np.array([a * r[0], b * r[1]]))
+                    for a in s for b in s)
+        assert worst <= bound, (w0, r, worst, bound)
+    leading = 0.5 * abs(alpha) * (k ** 2 * gy).sum() * 0.02 ** 2
+    assert leading * (1 - 1e-3) <= rem[0] <= leading * 1.01
+
+
+@pytest.mark.parametrize("H,W", [(5, 7), (33, 32)])
+def test_top_eigenpair_against_numpy(H, W):
+    """lambda_max of T_N(t) for the coefficients of a positive symbol (a separated top eigenvalue), by the dense
+    eigensolver (N <= 1024) and by Lanczos with the FFT matvec (N > 1024), against numpy's eigvalsh of the matrix
+    built here; the returned vector is a unit eigenvector up to the Lanczos accuracy."""
+    ky = np.arange(-(H - 1), H)[:, None]
+    kx = np.arange(-(W - 1), W)[None, :]
+    t = np.exp(-0.5 * (ky ** 2 / 1.5 ** 2 + kx ** 2 / 0.8 ** 2)) + 0.1 * np.exp(-np.abs(ky - kx) / 2)
+    t = (t + t[::-1, ::-1]) / 2
+    a, b = np.arange(H), np.arange(W)
+    M = t[(a[:, None] - a[None, :] + H - 1)[:, None, :, None], (b[:, None] - b[None, :] + W - 1)[None, :, None, :]]
+    M = M.reshape(H * W, H * W)
+    ref = np.linalg.eigvalsh(M)[-1]
+    lam, v = mj._top_eigen(torch.tensor(t), H, W, None, 120)
+    v = v.numpy()
+    assert abs(lam - ref) <= 1e-9 * ref
+    assert abs(np.linalg.norm(v) - 1) <= 1e-8 and np.linalg.norm(M @ v - ref * v) <= 1e-4 * ref
+
+
+def test_zero_layer_bound_is_zero_without_anchors():
+    """alpha = 0: the operator is zero, the symbol vanishes, and the bound is 0 up to the smallest-normal-number
+    allowances; no exact SVD is spent on a symbol whose triangle bound is already 0 (tie of 0 with 0 in the anchor
+    rule)."""
+    rng = np.random.default_rng(1)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.0, 2.0)
+    m = mj.toeplitz_majorant(params(0 * alpha, mu, sigma, WV, WO), 3, 3, max_rounds=2)
+    assert 0 <= m.upper <= 1e-290
+    assert m.anchors == 0
+
+
+def test_corner_bounds_pick_the_anchor_nearest_in_the_symbol():
+    """With one anchor per cell (nearest=1) the anchor must be the nearest in the size of the change of S(c)
+    (sum_h |dc_h| F_h), not of the coefficients: head 1's projection is ~100 times heavier than head 2's, anchor a
+    moves c by 0.01 in head 1 (a change of S as large as S), anchor b by 0.1 in head 2 (a tenth of S). Only b gives a
+    bound within 1% of ||0.01 P_1 + P_2|| (numpy's SVD); a gives no better than the triangle bound."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(0)
+    C = 4
+    WV, WO = rng.standard_normal((C, C)), rng.standard_normal((C, C))
+    WV[:, 2:] *= 0.01
+    q = sp.normalised(params([[0.7], [0.7]], np.zeros((2, 1, 2)), np.ones((2, 1, 2)), WV, WO))
+    sn = sp.SymbolNorm(q)
+    model = mj.CellModel(q, sn)
+    c = torch.tensor([[0.01, 1.0]], dtype=torch.complex128)
+    sn.add_anchors(torch.cat([c + torch.tensor([[0.01, 0.0]], dtype=torch.complex128),
+                              c + torch.tensor([[0.0, 0.1]], dtype=torch.complex128)]))
+    P = [q.WV[:, i * 2:(i + 1) * 2].numpy() @ q.WO[i * 2:(i + 1) * 2, :].numpy() for i in range(2)]
+    exact = np.linalg.norm(0.01 * P[0] + P[1], 2)
+    assert 0.01 * np.linalg.norm(P[0], 2) > 0.5 * exact > 0.1 * np.linalg.norm(P[1], 2)
+    kb = model.corner_bounds(c, torch.zeros(1, 2, 2, dtype=torch.complex128),
+                             torch.full((1, 2), 1e-12, dtype=torch.float64), nearest=1).numpy()
+    assert (kb >= exact * (1 - 1e-12)).all() and (kb <= exact * 1.01).all(), (kb, exact)
