@@ -664,3 +664,75 @@ def test_time_budget_reports_what_holds_so_far():
     exact = _expm_solution(A, x0, enc.t.tolist())
     err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
     assert (err[:-1] <= enc.radius[:-1].numpy()).all()
+
+
+def test_distance_covers_both_neighbouring_quartics_at_a_jump():
+    """y with a jump at its step end 0.3 (the float end of one step and the start of the next differ): on a reference
+    interval that starts there, the proven distance covers y_ref against both neighbouring quartics (proofs/S5.md,
+    Theorem 6: "a piece that ends at one of y's step ends gets that end's jump added"); dense numpy evaluation."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(5)
+    steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
+    coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) * 0.1 for _ in steps]
+    coefs[2][0] = coefs[1].sum(0)  # continuous at 0.7: only the jump at 0.3 is nonzero
+    rsteps = [(0.0, 0.3), (0.3, 1.0)]
+    rcoefs = [coefs[0].clone(), torch.zeros(5, 2, 1, 1, 3, dtype=D)]
+    rcoefs[1][0] = coefs[1][0]  # y_ref constant on [0.3, 1], equal to y's right neighbour at 0.3
+    spans = [(0, 0, 8, 8), (1, 0, 2, 8), (1, 2, 8, 8)]
+    dist, _ = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
+
+    def quartic(cf, a, b, t):
+        s = (t - a) / (b - a)
+        return sum(cf[j].reshape(2, 3).numpy() * s ** j for j in range(5))
+
+    def yref(t):
+        k = 0 if t < 0.3 else 1
+        return quartic(rcoefs[k], *rsteps[k], t)
+
+    times = [(0.0, 0.0), (0.0, 0.3), (0.3, 0.3 + 0.7 * 2 / 8), (0.3 + 0.7 * 2 / 8, 1.0)]
+    for p, (ta, tb) in enumerate(times):
+        worst = np.zeros(2)
+        for k, (a, b) in enumerate(steps):  # every quartic of y on its own closed step, where it meets [ta, tb]
+            lo, hi = max(a, ta), min(b, tb)
+            if lo > hi:
+                continue
+            for t in np.linspace(lo, hi, 401):
+                worst = np.maximum(worst, np.linalg.norm(quartic(coefs[k], a, b, t) - yref(t), axis=-1))
+        assert (worst <= dist[p].numpy()).all(), (p, worst, dist[p])
+    # the interval starting at the jump: y's left quartic ends a whole jump away from y_ref
+    left = np.linalg.norm(coefs[0].sum(0).reshape(2, 3).numpy() - coefs[1][0].reshape(2, 3).numpy(), axis=-1)
+    assert (left > 0.1).all() and (dist[2].numpy() >= left).all()
+
+
+def test_jvp_is_the_directional_derivative_in_chunks():
+    """_jvp against central finite differences of the block's field (and F against the block), with chunks of one
+    sample (tokens below one sample's token count) and of the whole batch."""
+    from lipcheck.wellposed import enclosure as E
+    blk = _block(C=6, seed=4)
+    f = lambda x: blk.vector_field(x)  # noqa: E731
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
+    w = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
+    h = 1e-6
+    with torch.no_grad():
+        fd = (f(y + h * w) - f(y - h * w)) / (2 * h)
+        Fy = f(y)
+    for tokens in (1, 16384):
+        F, Jw = E._jvp(f, y, w, tokens=tokens)
+        assert F.shape == Jw.shape == y.shape and not F.requires_grad and not Jw.requires_grad
+        assert torch.allclose(F, Fy, rtol=0, atol=1e-14)
+        assert torch.allclose(Jw, fd, rtol=1e-7, atol=1e-8), float((Jw - fd).abs().max())
+
+
+def test_envelope_intervals_tile_the_enclosure_times():
+    """The per-interval data the envelope integrates over are the enclosure's own intervals: their lengths are the
+    differences of enc.t and add up to t1, also with the closing interval after every sample failed; the reference
+    enclosure reports the tolerance its solve was made at."""
+    A, x0 = _linear_case()
+    for kw in (dict(ref_tol=None), dict(tube=1e-14, ref_tol=None), dict(tube=1e-14), dict()):
+        enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, **kw)
+        taus = [iv["tau"] for iv in enc._envelope_data["intervals"]]
+        t = (enc.reference or enc).t.tolist()
+        assert len(taus) == len(t) - 1
+        assert np.allclose(taus, np.diff(t), rtol=0, atol=1e-14) and abs(sum(taus) - 1.0) <= 1e-13, kw
+    assert enc.reference.stats["tol"] == enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.stats["tol"] == 1e-6
