@@ -367,3 +367,49 @@ def test_adjoint_and_backprop_gradients_against_finite_differences():
     assert 1 <= clamped["backprop"]["min_step_clamps"] <= clamped["backprop"]["accepted"] <= 4
     with pytest.raises(ValueError, match="min_step"):
         wp.gradient_check(model, images, min_step=-1.0)
+
+
+def test_certificate_keeps_its_roundoff_margin_at_a_tiny_scale():
+    """x' = T x (no bias) from a state of size 1e-50: the quartic fit's round-off margin on y' is at least
+    80 sqrt(9) eps max|y| / (sigma_min(V) h) >= 35 eps max|x0| / t1 (sigma_min(V) <= ||V||_F <= sqrt(45)), a
+    float64 number far below float32's range; the bound still covers the exact (expm) error."""
+    model, layer = linear_model(seed=2)
+    with torch.no_grad():
+        layer.o_proj.bias.zero_()
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(0))
+    scale = 1e-50
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, input_scale=scale)
+    block, x0, t1 = wp.prepare(model, images, input_scale=scale)
+    assert c["derivative_roundoff_margin"] >= 35 * torch.finfo(D).eps * float(x0.abs().max()) / t1 > 0
+    A, T = augmented_matrix(layer, 3, 3)
+    y, _ = wp.solve(block, x0, torch.tensor(c["t"], dtype=D), "dopri5", tol=1e-3)
+    v0 = x0.reshape(-1).numpy()
+    err = [np.linalg.norm(y[k, 0].reshape(-1).numpy() - scipy.linalg.expm(T * t) @ v0) for k, t in enumerate(c["t"])]
+    assert c["violations"] == 0 and np.all(np.array(c["bound"][0][1:]) >= np.array(err[1:]))
+
+
+def test_gradient_check_computes_in_the_requested_dtype():
+    """A float32 model checked at the default dtype float64: gradients in float64 that match a float64 central
+    finite difference (torchdiffeq's dopri8 at 1e-11 on the model cast here) to 1e-6, beyond float32's reach."""
+    import torchdiffeq
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=torch.float32, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+                depth=1, num_classes=3, mlp_ratio=2.0).eval()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float32)
+    r = wp.gradient_check(model, images, tol=1e-9, seed=3)
+    g = r["grad_x0_backprop"]
+    assert g.dtype == D and r["grad_x0_adjoint"].dtype == D
+    m64 = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+              depth=1, num_classes=3, mlp_ratio=2.0).eval()
+    m64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    blk = m64.vector_field.block
+    with torch.no_grad():
+        x0 = m64.embed(images.double())
+        w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=D)
+        v = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9), dtype=D)
+        tt = torch.tensor([0.0, float(m64.t1)], dtype=D)
+        f = lambda x: float((torchdiffeq.odeint(lambda t, z: blk.vector_field(z), x, tt, method="dopri8", rtol=1e-11,
+                                                atol=1e-11)[-1] * w).sum())
+        eps = 1e-5
+        fd = (f(x0 + eps * v) - f(x0 - eps * v)) / (2 * eps)
+    assert abs(float((g * v).sum()) - fd) <= 1e-6 * (1 + abs(fd)), (float((g * v).sum()), fd)
