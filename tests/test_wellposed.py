@@ -534,3 +534,30 @@ def test_convergence_fit_leaves_out_runs_at_the_floor():
     assert abs(s["slope"] - 0.8) < 1e-12 and s["per_method"]["dopri5"]["fitted_points"] == 3
     assert abs(s["per_method"]["dopri5"]["slope"] - 0.8) < 1e-12
     assert s["per_method"]["rk4"]["fitted_points"] == 2 and abs(s["per_method"]["rk4"]["slope"] - 4.0) < 1e-12
+
+
+def test_gradient_check_counts_against_an_independent_count_of_field_calls():
+    """x' = T x + b: every evaluation of the field is counted here by a forward hook on the mixer (which pass it
+    belongs to from autograd's state: odeint_adjoint's forward solve runs without grad). Per pass the counts equal
+    the reported NFE, and dopri5's cost 2 + 6 (accepted + rejected) (two evaluations pick the first step, six new
+    stages per attempt) ties the step counts to them, in a case with a rejected step in both passes; the loss is
+    <w, x(t1)> with x(t1) from expm."""
+    model, layer = linear_model(seed=0, scale=1.0)
+    calls = []
+    layer.register_forward_hook(lambda m, i, o: calls.append(torch.is_grad_enabled()))
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=D)
+    r = wp.gradient_check(model, images, tol=1e-6, seed=3)
+    b, a = r["backprop"], r["adjoint"]
+    first_off = calls.index(False)
+    bp, adj_fwd, adj_bwd = first_off, calls.count(False), len(calls) - first_off - calls.count(False)
+    assert all(calls[:first_off]) and all(calls[first_off + adj_fwd:])
+    assert (b["nfe_forward"], b["nfe_backward"], a["nfe_forward"], a["nfe_backward"]) == (bp, 0, adj_fwd, adj_bwd)
+    assert b["rejected"] >= 1 and a["rejected_backward"] >= 1
+    assert bp == 2 + 6 * (b["accepted"] + b["rejected"]) and adj_fwd == 2 + 6 * (a["accepted"] + a["rejected"])
+    assert adj_bwd == 2 + 6 * (a["accepted_backward"] + a["rejected_backward"])
+    x0 = model.embed(images).detach()
+    A, _ = augmented_matrix(layer, 3, 3)
+    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=D).reshape(-1).numpy()
+    loss = float(w @ exact(A, x0, model.t1)[0])
+    for p in (a, b):
+        assert abs(p["loss"] - loss) <= 1e-4 * abs(loss), (p["loss"], loss)
