@@ -736,6 +736,15 @@ def test_envelope_intervals_tile_the_enclosure_times():
         assert len(taus) == len(t) - 1
         assert np.allclose(taus, np.diff(t), rtol=0, atol=1e-14) and abs(sum(taus) - 1.0) <= 1e-13, kw
     assert enc.reference.stats["tol"] == enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.stats["tol"] == 1e-6
+    # the pieces kept with the result are the user's solve y: its quartics give the reported centres
+    steps, coefs = enc._pieces["steps"], enc._pieces["coefs"]
+    ends = np.array([b for _, b in steps])
+    for t, c in zip(enc.t.tolist(), enc.center):
+        k = min(int(np.searchsorted(ends, t, side="right")), len(steps) - 1)
+        a, b = steps[k]
+        s = (t - a) / (b - a)
+        y = sum(coefs[k][j].numpy() * s ** j for j in range(5))
+        assert np.allclose(y, c.numpy(), rtol=0, atol=1e-12)
 
 
 def _bernstein_from_values():
