@@ -112,6 +112,13 @@ SURVIVOR_REASONS = [
      "drops the reference's error (~1e-12 relative to the state) from the variance floor's margin: the floor moves "
      "by that much, far below the distance of any tested state to a floor that changes the constant; the margin is "
      "fixed by proofs/S5.md, not by a test"),
+    ("lipcheck/wellposed/*.py", r"_enclose_direct|tolerance_sweep",
+     r"(?m)^\+\s*(bar = tqdm\(range\(len\(steps\)\)|for method, tol, n in tqdm\(jobs), ",
+     "equivalent for every result: the progress bar's desc, leave and disable settings only change what tqdm "
+     "prints to the terminal (leave: whether the finished bar stays on screen); the loop runs over the same items"),
+    ("lipcheck/wellposed/solve.py", r"^prepare$", r"\.to\(dtype=dtype\)|\.to\(device=None, dtype=dtype\)",
+     "equivalent on a CPU-only machine: the model and images are already on the CPU, the only device (and with "
+     "device=None the target is the model's own device), so moving them there changes nothing"),
     ("lipcheck/wellposed/solve.py", r"reference_solution", r"len\(history\) >= 4",
      "costs one more doubling: the round-off floor is declared one halving later; the reference is still converged "
      "and its error estimate is still the last change"),

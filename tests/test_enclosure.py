@@ -664,3 +664,217 @@ def test_time_budget_reports_what_holds_so_far():
     exact = _expm_solution(A, x0, enc.t.tolist())
     err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
     assert (err[:-1] <= enc.radius[:-1].numpy()).all()
+
+
+def test_distance_covers_both_neighbouring_quartics_at_a_jump():
+    """y with a jump at its step end 0.3 (the float end of one step and the start of the next differ): on a reference
+    interval that starts there, the proven distance covers y_ref against both neighbouring quartics (proofs/S5.md,
+    Theorem 6: "a piece that ends at one of y's step ends gets that end's jump added"); dense numpy evaluation."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(5)
+    steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
+    coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) * 0.1 for _ in steps]
+    coefs[2][0] = coefs[1].sum(0)  # continuous at 0.7: only the jump at 0.3 is nonzero
+    rsteps = [(0.0, 0.3), (0.3, 1.0)]
+    rcoefs = [coefs[0].clone(), torch.zeros(5, 2, 1, 1, 3, dtype=D)]
+    rcoefs[1][0] = coefs[1][0]  # y_ref constant on [0.3, 1], equal to y's right neighbour at 0.3
+    spans = [(0, 0, 8, 8), (1, 0, 2, 8), (1, 2, 8, 8)]
+    dist, _ = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
+
+    def quartic(cf, a, b, t):
+        s = (t - a) / (b - a)
+        return sum(cf[j].reshape(2, 3).numpy() * s ** j for j in range(5))
+
+    def yref(t):
+        k = 0 if t < 0.3 else 1
+        return quartic(rcoefs[k], *rsteps[k], t)
+
+    times = [(0.0, 0.0), (0.0, 0.3), (0.3, 0.3 + 0.7 * 2 / 8), (0.3 + 0.7 * 2 / 8, 1.0)]
+    for p, (ta, tb) in enumerate(times):
+        worst = np.zeros(2)
+        for k, (a, b) in enumerate(steps):  # every quartic of y on its own closed step, where it meets [ta, tb]
+            lo, hi = max(a, ta), min(b, tb)
+            if lo > hi:
+                continue
+            for t in np.linspace(lo, hi, 401):
+                worst = np.maximum(worst, np.linalg.norm(quartic(coefs[k], a, b, t) - yref(t), axis=-1))
+        assert (worst <= dist[p].numpy()).all(), (p, worst, dist[p])
+    # the interval starting at the jump: y's left quartic ends a whole jump away from y_ref
+    left = np.linalg.norm(coefs[0].sum(0).reshape(2, 3).numpy() - coefs[1][0].reshape(2, 3).numpy(), axis=-1)
+    assert (left > 0.1).all() and (dist[2].numpy() >= left).all()
+
+
+def test_jvp_is_the_directional_derivative_in_chunks():
+    """_jvp against central finite differences of the block's field (and F against the block), with chunks of one
+    sample (tokens below one sample's token count) and of the whole batch."""
+    from lipcheck.wellposed import enclosure as E
+    blk = _block(C=6, seed=4)
+    f = lambda x: blk.vector_field(x)  # noqa: E731
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
+    w = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
+    h = 1e-6
+    with torch.no_grad():
+        fd = (f(y + h * w) - f(y - h * w)) / (2 * h)
+        Fy = f(y)
+    for tokens in (1, 16384):
+        F, Jw = E._jvp(f, y, w, tokens=tokens)
+        assert F.shape == Jw.shape == y.shape and not F.requires_grad and not Jw.requires_grad
+        assert torch.allclose(F, Fy, rtol=0, atol=1e-14)
+        assert torch.allclose(Jw, fd, rtol=1e-7, atol=1e-8), float((Jw - fd).abs().max())
+
+
+def test_envelope_intervals_tile_the_enclosure_times():
+    """The per-interval data the envelope integrates over are the enclosure's own intervals: their lengths are the
+    differences of enc.t and add up to t1, also with the closing interval after every sample failed; the reference
+    enclosure reports the tolerance its solve was made at."""
+    A, x0 = _linear_case()
+    for kw in (dict(ref_tol=None), dict(tube=1e-14, ref_tol=None), dict(tube=1e-14), dict()):
+        enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, **kw)
+        taus = [iv["tau"] for iv in enc._envelope_data["intervals"]]
+        t = (enc.reference or enc).t.tolist()
+        assert len(taus) == len(t) - 1
+        assert np.allclose(taus, np.diff(t), rtol=0, atol=1e-14) and abs(sum(taus) - 1.0) <= 1e-13, kw
+    assert enc.reference.stats["tol"] == enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.stats["tol"] == 1e-6
+    # the pieces kept with the result are the user's solve y: its quartics give the reported centres
+    steps, coefs = enc._pieces["steps"], enc._pieces["coefs"]
+    ends = np.array([b for _, b in steps])
+    for t, c in zip(enc.t.tolist(), enc.center):
+        k = min(int(np.searchsorted(ends, t, side="right")), len(steps) - 1)
+        a, b = steps[k]
+        s = (t - a) / (b - a)
+        y = sum(coefs[k][j].numpy() * s ** j for j in range(5))
+        assert np.allclose(y, c.numpy(), rtol=0, atol=1e-12)
+
+
+def _bernstein_from_values():
+    """The 5 x 5 rational matrix taking a quartic's values at s = 0, 1/4, 1/2, 3/4, 1 to its Bernstein coefficients
+    on [0, 1]: exact inverse Vandermonde (Fractions) then b_j = sum_{k<=j} C(j,k)/C(4,k) a_k."""
+    from fractions import Fraction as Fr
+    n = 5
+    A = [[Fr(i, 4) ** k for k in range(n)] + [Fr(int(i == j)) for j in range(n)] for i in range(n)]
+    for c in range(n):
+        p = next(r for r in range(c, n) if A[r][c] != 0)
+        A[c], A[p] = A[p], A[c]
+        A[c] = [x / A[c][c] for x in A[c]]
+        for r in range(n):
+            if r != c:
+                A[r] = [x - A[r][c] * y for x, y in zip(A[r], A[c])]
+    Vi = [row[n:] for row in A]
+    return [[sum(Fr(math.comb(j, k), math.comb(4, k)) * Vi[k][i] for k in range(j + 1)) for i in range(n)]
+            for j in range(n)]
+
+
+@pytest.mark.parametrize("case,a,window", [("constant", 0.0, 0.1), ("linear_far", 1000.0, 0.02),
+                                           ("ref_quartic", 0.0, 0.03)])
+def test_distance_margin_is_the_proofs_rounding_allowance(case, a, window):
+    """Theorem 6's D on one step [a, a + 1] shared by y and y_ref, re-derived at 50 digits from proofs/S5.md: the
+    exact Bernstein bound of y - y_ref plus max_j sum_i |M_ji| (node errors gamma_12 sum|c_k| per polynomial,
+    node displacements 8u (reference) and 16u (|a_ref| + h_ref + |a_y| + h_y) / h_y + 4u h_ref / h_y (y) times
+    sum_k k ||c_k||, the subtraction u (||y|| + ||y_ref||), and gamma_8 ||y - y_ref||), plus gamma_12 sum|c_k| for the
+    reported centre. D exceeds the exact Bernstein bound by that allowance within `window` of it (each case makes a
+    different term dominant), at t = 0 and on the step."""
+    from fractions import Fraction as Fr
+    from lipcheck.wellposed import enclosure as E
+    mpmath.mp.dps = 50
+    u = mpmath.mpf(2) ** -53
+    gam = lambda n: n * u / (1 - n * u)  # noqa: E731
+    MB = _bernstein_from_values()
+    Mabs = max(sum(abs(x) for x in row) for row in MB)
+    g = torch.Generator().manual_seed(0)
+    c, r = torch.zeros(5, 2, 1, 1, 3, dtype=D), torch.zeros(5, 2, 1, 1, 3, dtype=D)
+    c[0] = torch.randn(2, 1, 1, 3, generator=g, dtype=D)
+    if case == "linear_far":
+        c[1] = torch.randn(2, 1, 1, 3, generator=g, dtype=D)
+    if case == "ref_quartic":  # y_ref = r_4 s^4 against a small constant y: the reference's displacement dominates
+        r[4] = torch.randn(2, 1, 1, 3, generator=g, dtype=D)
+        c[0] *= 1e-3
+    steps = [(a, a + 1.0)]
+    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
+    q = lambda x: mpmath.mpf(x.numerator) / x.denominator  # noqa: E731
+    nrm = lambda v: mpmath.sqrt(sum(x * x for x in v))  # noqa: E731
+    for b in range(2):
+        cf = [[mpmath.mpf(float(v)) for v in c[k, b].reshape(-1)] for k in range(5)]
+        rf = [[mpmath.mpf(float(v)) for v in r[k, b].reshape(-1)] for k in range(5)]
+        absum = lambda p: nrm([sum(abs(p[k][i]) for k in range(5)) for i in range(3)])  # noqa: E731
+        dsig = lambda p: sum(k * nrm(p[k]) for k in range(1, 5))  # noqa: E731
+        val = lambda p, s: [sum(p[k][i] * q(s) ** k for k in range(5)) for i in range(3)]  # noqa: E731
+        dy = 16 * u * (2 * abs(mpmath.mpf(a)) + 2) + 4 * u
+        for row, nodes in ((0, [Fr(0)] * 5), (1, [Fr(i, 4) for i in range(5)])):
+            yy, yr = [val(cf, s) for s in nodes], [val(rf, s) for s in nodes]
+            d = [[p - w for p, w in zip(x, z)] for x, z in zip(yy, yr)]
+            bmax = max(nrm([sum(q(MB[j][i]) * d[i][m] for i in range(5)) for m in range(3)]) for j in range(5))
+            err_v = (gam(12) * (absum(rf) + absum(cf)) + 8 * u * dsig(rf) * (1 + gam(12))
+                     + dy * dsig(cf) * (1 + gam(12)) + u * (max(nrm(x) for x in yr) + max(nrm(x) for x in yy)))
+            allowance = q(Mabs) * (err_v + gam(8) * max(nrm(x) for x in d)) + gam(12) * absum(cf)
+            ratio = (mpmath.mpf(float(dist[row, b])) - bmax) / allowance
+            assert abs(ratio - 1) <= window, (case, row, b, float(ratio))
+
+
+def test_distance_halves_pieces_where_bernstein_overestimates():
+    """y - y_ref = T4(2s - 1) e (Chebyshev): sup 1 but Bernstein coefficients up to 5/3 on the whole step; halving
+    the pieces brings the proven distance within a few % of the true sup (dense numpy evaluation)."""
+    from lipcheck.wellposed import enclosure as E
+    e = torch.tensor([0.6, 0.0, 0.8], dtype=D)  # unit vector
+    # T4(2s - 1) = 128 s^4 - 256 s^3 + 160 s^2 - 32 s + 1
+    cheb = [1.0, -32.0, 160.0, -256.0, 128.0]
+    c = torch.stack([v * e for v in cheb]).reshape(5, 1, 1, 1, 3)
+    r = torch.zeros_like(c)
+    steps = [(0.0, 1.0)]
+    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
+    s = np.linspace(0, 1, 20001)
+    sup = np.abs(np.polynomial.chebyshev.chebval(2 * s - 1, [0, 0, 0, 0, 1])).max()
+    assert sup <= float(dist[1, 0]) <= 1.02 * sup, float(dist[1, 0])
+
+
+def test_rough_distance_is_the_largest_node_distance():
+    """_rough_distance: max over y_ref's step nodes (s = 0, 1/4, ..., 1 of each step's own quartic) of ||y - y_ref||,
+    y evaluated on its step containing the node (numpy)."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(7)
+    steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
+    coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in steps]
+    rsteps = [(0.0, 0.45), (0.45, 1.0)]
+    rcoefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in rsteps]
+
+    def ev(st, cf, t):
+        k = min(int(np.searchsorted([b for _, b in st], t, side="right")), len(st) - 1)
+        a, b = st[k]
+        s = (t - a) / (b - a)
+        return sum(cf[k][j].reshape(2, 3).numpy() * s ** j for j in range(5))
+
+    def own(k, s):  # y_ref's quartic on its own step k (at a shared end both neighbours' nodes count)
+        return sum(rcoefs[k][j].reshape(2, 3).numpy() * s ** j for j in range(5))
+
+    want = max(np.linalg.norm(ev(steps, coefs, a + (b - a) * s) - own(k, s), axis=-1).max()
+               for k, (a, b) in enumerate(rsteps) for s in (0.0, 0.25, 0.5, 0.75, 1.0))
+    got = E._rough_distance(steps, coefs, rsteps, rcoefs)
+    assert abs(got - want) <= 1e-12 * want
+
+
+def test_resolve_ref_tol_falls_back_to_direct_at_the_floor():
+    """"auto": tol * 1e-3 but not below 1e-11, and the direct enclosure (None) when that is not below tol."""
+    from lipcheck.wellposed import enclosure as E
+    assert E._resolve_ref_tol(1e-6, "auto") == pytest.approx(1e-9)
+    assert E._resolve_ref_tol(1e-8, "auto") == pytest.approx(1e-11)
+    assert E._resolve_ref_tol(1e-11, "auto") is None and E._resolve_ref_tol(1e-12, "auto") is None
+    assert E._resolve_ref_tol(1e-6, None) is None and E._resolve_ref_tol(1e-6, 1e-8) == 1e-8
+
+
+def test_one_failed_sample_leaves_the_other_proven():
+    """A log-norm claim refuted for sample 0 only (callable claim): sample 0 is not proven from its first interval
+    on (radius inf, its sampled and rigorous defects still reported), sample 1 is proven and contains expm; every
+    reported number is float64."""
+    A, x0 = _linear_case()
+    mu = float(np.linalg.eigvalsh((A + A.T) / 2).max())
+    claim = lambda y: torch.tensor([mu - 0.05, mu + 0.05], dtype=D)  # noqa: E731
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None, mu_claim=claim)
+    assert enc.proven.tolist() == [False, True] and enc.reason[1] is None and "log-norm" in enc.reason[0]
+    assert torch.isinf(enc.radius[1:, 0]).all() and torch.isfinite(enc.radius[:, 1]).all()
+    assert len(enc.t) > 3 and float(enc.t[-1]) == 1.0
+    assert torch.isfinite(enc.defect).all() and (enc.defect >= enc.defect_sampled).all()
+    exact = _expm_solution(A, x0, enc.t.tolist())
+    err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert (err[:, 1] <= enc.radius[:, 1].numpy()).all()
+    for x in (enc.t, enc.radius, enc.tube, enc.mu, enc.mu_point, enc.defect, enc.defect_sampled, enc.center):
+        assert x.dtype == D

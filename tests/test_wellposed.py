@@ -367,3 +367,198 @@ def test_adjoint_and_backprop_gradients_against_finite_differences():
     assert 1 <= clamped["backprop"]["min_step_clamps"] <= clamped["backprop"]["accepted"] <= 4
     with pytest.raises(ValueError, match="min_step"):
         wp.gradient_check(model, images, min_step=-1.0)
+
+
+def test_certificate_keeps_its_roundoff_margin_at_a_tiny_scale():
+    """x' = T x (no bias) from a state of size 1e-50: the quartic fit's round-off margin on y' is at least
+    80 sqrt(9) eps max|y| / (sigma_min(V) h) >= 35 eps max|x0| / t1 (sigma_min(V) <= ||V||_F <= sqrt(45)), a
+    float64 number far below float32's range; the bound still covers the exact (expm) error."""
+    model, layer = linear_model(seed=2)
+    with torch.no_grad():
+        layer.o_proj.bias.zero_()
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(0))
+    scale = 1e-50
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, input_scale=scale)
+    block, x0, t1 = wp.prepare(model, images, input_scale=scale)
+    assert c["derivative_roundoff_margin"] >= 35 * torch.finfo(D).eps * float(x0.abs().max()) / t1 > 0
+    A, T = augmented_matrix(layer, 3, 3)
+    y, _ = wp.solve(block, x0, torch.tensor(c["t"], dtype=D), "dopri5", tol=1e-3)
+    v0 = x0.reshape(-1).numpy()
+    ks = range(8, len(c["t"]), 8)  # the step ends (per_step = 8), where the error has built up over whole steps
+    err = [np.linalg.norm(y[k, 0].reshape(-1).numpy() - scipy.linalg.expm(T * c["t"][k]) @ v0) for k in ks]
+    assert c["violations"] == 0 and all(c["bound"][0][k] >= e > 0 for k, e in zip(ks, err))
+
+
+def test_gradient_check_computes_in_the_requested_dtype():
+    """A float32 model checked at the default dtype float64: gradients in float64 that match a float64 central
+    finite difference (torchdiffeq's dopri8 at 1e-11 on the model cast here) to 1e-6, beyond float32's reach."""
+    import torchdiffeq
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=torch.float32, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+                depth=1, num_classes=3, mlp_ratio=2.0).eval()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float32)
+    r = wp.gradient_check(model, images, tol=1e-9, seed=3)
+    g = r["grad_x0_backprop"]
+    assert g.dtype == D and r["grad_x0_adjoint"].dtype == D
+    m64 = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+              depth=1, num_classes=3, mlp_ratio=2.0).eval()
+    m64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    blk = m64.vector_field.block
+    with torch.no_grad():
+        x0 = m64.embed(images.double())
+        w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=D)
+        v = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9), dtype=D)
+        tt = torch.tensor([0.0, float(m64.t1)], dtype=D)
+        f = lambda x: float((torchdiffeq.odeint(lambda t, z: blk.vector_field(z), x, tt, method="dopri8", rtol=1e-11,
+                                                atol=1e-11)[-1] * w).sum())
+        eps = 1e-5
+        fd = (f(x0 + eps * v) - f(x0 - eps * v)) / (2 * eps)
+    assert abs(float((g * v).sum()) - fd) <= 1e-6 * (1 + abs(fd)), (float((g * v).sum()), fd)
+
+
+def test_certificate_samples_every_step_evenly_and_reports_the_quartic_margin():
+    """per_step = 8: the times are 8 equal sub-intervals of each accepted step (steps end on t1); the reported
+    rigorous margin max (sup||y''|| + L sup||y'||) tau / 2 recomputed here from numpy least-squares quartics through
+    the dense output (sup||y^(d)|| <= sum_k k!/(k-d)! ||c_k|| / h^d)."""
+    model, layer = linear_model(seed=2)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    t = np.array(c["t"])
+    K = c["accepted"]
+    assert K >= 2 and len(t) == 8 * K + 1 and t[0] == 0.0 and t[-1] == model.t1
+    block, x0, _ = wp.prepare(model, images)
+    y, _ = wp.solve(block, x0, torch.tensor(t, dtype=D), "dopri5", tol=1e-3)
+    y = y[:, 0].reshape(len(t), -1).numpy()
+    worst = 0.0
+    for j in range(K):
+        ts = t[8 * j:8 * j + 9]
+        h = ts[-1] - ts[0]
+        assert np.allclose(np.diff(ts), h / 8, rtol=1e-12, atol=0)
+        x = (ts - ts[0]) / h
+        coef = np.linalg.lstsq(np.vander(x, 5, increasing=True), y[8 * j:8 * j + 9], rcond=None)[0]
+        cn = np.linalg.norm(coef, axis=1)
+        d1 = sum(k * cn[k] for k in range(1, 5)) / h
+        d2 = sum(k * (k - 1) * cn[k] for k in range(2, 5)) / h ** 2
+        worst = max(worst, (d2 + c["L"] * d1) * h / 8 / 2)
+    assert abs(c["rigorous_margin_max"] - worst) <= 1e-6 * worst, (c["rigorous_margin_max"], worst)
+
+
+def test_auto_grid_is_the_coarsest_power_of_two_meeting_the_drift_criterion():
+    """auto_grid: the fewest intervals n = 2^k (16 <= n <= 512) with drift margin 2 speed (t1 / n) / sqrt(C) <= half
+    the smallest token std of x0; states scaled so that t1 / n sits just below the limit (0.9 of it)."""
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=2, depth=1)
+    block = model.vector_field.block
+    speed = wp.token_speed_bound(block)
+    C, t1 = 8, 1.0
+    base = torch.randn(1, 4, 4, C, dtype=D, generator=torch.Generator().manual_seed(1))
+    s0 = float(base.var(-1, unbiased=False).sqrt().min())
+    for n in (32, 64, 256):
+        # drift 2 speed (t1 / m) / sqrt(C) <= sigma / 2  <=>  m >= 4 speed t1 / (sigma sqrt(C)); put that at 0.9 n
+        sigma = 4 * speed * t1 / (math.sqrt(C) * 0.9 * n)
+        x0 = base * (sigma / s0)
+        sig = float(x0.var(-1, unbiased=False).sqrt().min())
+        got = wp.auto_grid(block, x0, t1)
+        assert 2 * speed * (t1 / got) / math.sqrt(C) <= sig / 2  # the criterion holds
+        assert 2 * speed * (t1 / (got / 2)) / math.sqrt(C) > sig / 2  # and half as many intervals would fail it
+        assert got == n
+    assert wp.auto_grid(block, base * 1e6, t1) == 16 and wp.auto_grid(block, base * 1e-9, t1) == 512  # the clamps
+
+
+def test_flow_map_is_fixed_step_rk4():
+    """flow_map on x' = T x (no bias): rk4 with h = t1 / steps multiplies by R(hT) = sum_{k<=4} (hT)^k / k! per step,
+    so two steps give R(hT)^2 x0 (numpy), visibly not expm(T t1) x0 at this step size."""
+    model, layer = linear_model(seed=1, scale=1.0)
+    with torch.no_grad():
+        layer.o_proj.bias.zero_()
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    block, x0, t1 = wp.prepare(model, images)
+    _, T = augmented_matrix(layer, 3, 3)
+    h = t1 / 2
+    R = sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5))
+    want = R @ R @ x0.reshape(-1).numpy()
+    got = wp.flow_map(block, t1, steps=2)(x0).reshape(-1).numpy()
+    assert np.allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    exact_t1 = scipy.linalg.expm(T * t1) @ x0.reshape(-1).numpy()
+    assert np.linalg.norm(got - exact_t1) > 1e-4 * np.linalg.norm(exact_t1)
+
+
+def test_worst_direction_single_iteration_is_a_lower_bound():
+    """One power iteration: sigma = ||J v|| / ||v|| for the random start, never above ||J||_2 (the rk4 flow's
+    Jacobian R(hT)^steps, formed in numpy); the returned direction has unit norm."""
+    model, layer = linear_model(seed=1, scale=1.0)
+    images = torch.randn(2, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    block, x0, t1 = wp.prepare(model, images)
+    _, T = augmented_matrix(layer, 3, 3)
+    h = t1 / 4
+    R = sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5))
+    top = np.linalg.norm(np.linalg.matrix_power(R, 4), 2)
+    for iters in (1, 3):
+        v, sigma = wp.worst_direction(block, x0, t1, iters=iters, steps=4, generator=torch.Generator().manual_seed(0))
+        assert np.allclose(v.flatten(1).norm(dim=-1).numpy(), 1.0, rtol=1e-12)
+        assert (sigma.numpy() <= top * (1 + 1e-9)).all() and (sigma.numpy() > 0.1 * top).all(), (sigma, top)
+
+
+def test_growth_rate_is_log_growth_over_t1():
+    """rate_t1 = log(g(t1)) / t1 on a model with t1 = 0.5 (linear field: g from expm(T t) applied here)."""
+    torch.manual_seed(4)
+    model = ViT("ode", "ssog", dtype=D, t1=0.5, **LINEAR)
+    layer = model.vector_field.block.mixer.freeze_kernels()
+    with torch.no_grad():
+        for p in (layer.v_proj.weight, layer.o_proj.weight):
+            p.normal_(std=0.5)
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(5))
+    g = wp.perturbation_growth(model, images, grid=4, directions=("random",), eps=1e-3)
+    _, T = augmented_matrix(layer, 3, 3)
+    d = g["directions"]["random"]
+    assert model.t1 == 0.5 and g["t"][-1] == 0.5
+    gen = torch.Generator().manual_seed(0)
+    x0 = wp.prepare(model, images)[1]
+    v = torch.randn(x0.shape, dtype=D, generator=gen)
+    v = (v / v.norm()).reshape(-1).numpy()
+    want = np.linalg.norm(scipy.linalg.expm(T * 0.5) @ v)  # linear flow: g(t1) = ||expm(T t1) v||
+    assert abs(d["growth_t1"][0] - want) <= 1e-8 * want
+    assert abs(d["rate_t1"][0] - math.log(want) / 0.5) <= 1e-7 * (1 + abs(math.log(want)))
+
+
+def test_convergence_fit_leaves_out_runs_at_the_floor():
+    """A run whose error equals floor_factor * reference error exactly (powers of two) is not fitted: the pooled and
+    per-method slopes are those of the runs strictly above it."""
+    ref = 2.0 ** -40
+    floor = 64 * ref
+    runs = [dict(method="dopri5", tol=t, steps=None, error=2 * t ** 0.8) for t in (1e-2, 1e-4, 1e-6)]
+    runs.append(dict(method="dopri5", tol=1e-9, steps=None, error=floor))  # exactly at the floor
+    runs += [dict(method="rk4", tol=None, steps=n, step_size=1.0 / n, error=3 * (1.0 / n) ** 4) for n in (8, 16)]
+    runs.append(dict(method="rk4", tol=None, steps=64, step_size=1.0 / 64, error=floor))
+    s = wp.convergence_summary(runs, reference_error=ref, floor_factor=64.0)
+    assert s["floor"] == floor
+    assert abs(s["slope"] - 0.8) < 1e-12 and s["per_method"]["dopri5"]["fitted_points"] == 3
+    assert abs(s["per_method"]["dopri5"]["slope"] - 0.8) < 1e-12
+    assert s["per_method"]["rk4"]["fitted_points"] == 2 and abs(s["per_method"]["rk4"]["slope"] - 4.0) < 1e-12
+
+
+def test_gradient_check_counts_against_an_independent_count_of_field_calls():
+    """x' = T x + b: every evaluation of the field is counted here by a forward hook on the mixer (which pass it
+    belongs to from autograd's state: odeint_adjoint's forward solve runs without grad). Per pass the counts equal
+    the reported NFE, and dopri5's cost 2 + 6 (accepted + rejected) (two evaluations pick the first step, six new
+    stages per attempt) ties the step counts to them, in a case with a rejected step in both passes; the loss is
+    <w, x(t1)> with x(t1) from expm."""
+    model, layer = linear_model(seed=0, scale=1.0)
+    calls = []
+    layer.register_forward_hook(lambda m, i, o: calls.append(torch.is_grad_enabled()))
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=D)
+    r = wp.gradient_check(model, images, tol=1e-6, seed=3)
+    b, a = r["backprop"], r["adjoint"]
+    first_off = calls.index(False)
+    bp, adj_fwd, adj_bwd = first_off, calls.count(False), len(calls) - first_off - calls.count(False)
+    assert all(calls[:first_off]) and all(calls[first_off + adj_fwd:])
+    assert (b["nfe_forward"], b["nfe_backward"], a["nfe_forward"], a["nfe_backward"]) == (bp, 0, adj_fwd, adj_bwd)
+    assert b["rejected"] >= 1 and a["rejected_backward"] >= 1
+    assert bp == 2 + 6 * (b["accepted"] + b["rejected"]) and adj_fwd == 2 + 6 * (a["accepted"] + a["rejected"])
+    assert adj_bwd == 2 + 6 * (a["accepted_backward"] + a["rejected_backward"])
+    x0 = model.embed(images).detach()
+    A, _ = augmented_matrix(layer, 3, 3)
+    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=D).reshape(-1).numpy()
+    loss = float(w @ exact(A, x0, model.t1)[0])
+    for p in (a, b):
+        assert abs(p["loss"] - loss) <= 1e-4 * abs(loss), (p["loss"], loss)
