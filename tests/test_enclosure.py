@@ -704,26 +704,6 @@ def test_distance_covers_both_neighbouring_quartics_at_a_jump():
     assert (left > 0.1).all() and (dist[2].numpy() >= left).all()
 
 
-def test_jvp_is_the_directional_derivative_in_chunks():
-    """_jvp against central finite differences of the block's field (and F against the block), with chunks of one
-    sample (tokens below one sample's token count) and of the whole batch."""
-    from lipcheck.wellposed import enclosure as E
-    blk = _block(C=6, seed=4)
-    f = lambda x: blk.vector_field(x)  # noqa: E731
-    g = torch.Generator().manual_seed(1)
-    y = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
-    w = torch.randn(3, 2, 2, 6, generator=g, dtype=D)
-    h = 1e-6
-    with torch.no_grad():
-        fd = (f(y + h * w) - f(y - h * w)) / (2 * h)
-        Fy = f(y)
-    for tokens in (1, 16384):
-        F, Jw = E._jvp(f, y, w, tokens=tokens)
-        assert F.shape == Jw.shape == y.shape and not F.requires_grad and not Jw.requires_grad
-        assert torch.allclose(F, Fy, rtol=0, atol=1e-14)
-        assert torch.allclose(Jw, fd, rtol=1e-7, atol=1e-8), float((Jw - fd).abs().max())
-
-
 def test_envelope_intervals_tile_the_enclosure_times():
     """The per-interval data the envelope integrates over are the enclosure's own intervals: their lengths are the
     differences of enc.t and add up to t1, also with the closing interval after every sample failed; the reference

@@ -139,17 +139,6 @@ def _eval(field, y: torch.Tensor, tokens: int = 16384):
         return torch.cat([field(y[i:i + per]) for i in range(0, y.shape[0], per)])
 
 
-def _jvp(field, y: torch.Tensor, w: torch.Tensor, tokens: int = 16384):
-    """(F(y), J_F(y) w) by forward mode, in chunks of about `tokens` tokens (memory), outside autograd's graph."""
-    per = max(1, tokens // max(1, y[0, ..., 0].numel()))
-    outs = []
-    with torch.enable_grad():  # the MLP's no-grad slicing writes in place, which forward mode cannot trace
-        for i in range(0, y.shape[0], per):
-            f, j = torch.func.jvp(field, (y[i:i + per],), (w[i:i + per],))
-            outs.append((f.detach(), j.detach()))
-    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-
-
 def _bern_sup(c: torch.Tensor, h: float, d: int) -> torch.Tensor:
     """sup over the step of ||y^(d)|| per sample (B,), no larger than `_coef_sup`: y^(d) = sum_k a_k sigma^k with
     a_k = (k+d)!/k! c_{k+d} / h^d has Bernstein coefficients b_j = sum_{k<=j} C(j,k)/C(n,k) a_k on [0, 1] and
