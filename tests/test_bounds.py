@@ -770,3 +770,124 @@ def test_exact_value_in_the_subnormal_range_is_rounded_up():
     assert r.exact >= true * (1 - 1e-9) and r.exact <= true * (1 + 1e-3)
     assert r.upper >= true and r.lower <= true
     assert r0.exact == pytest.approx(ref_norm(base, 3, 2), rel=1e-12)
+
+
+# ------------------------------------------------------------------ rounding allowances pinned to proofs/S2.md
+# A margin lowered by O(u) leaves every bound true on the inputs a test can draw (the rounding that actually
+# occurs is far below the worst case), yet makes the certificate false in the worst case. So each allowance is
+# re-derived here at 50 digits from the formula written in proofs/S2.md ("rounding margins") and compared with
+# the one the code uses, at a tolerance far below the allowance's own size.
+
+def _mp_unit(dt):
+    return mpmath.mpf(2) ** (-53 if dt == F64 else -24)
+
+
+def _mp_gamma(n, dt):
+    u = _mp_unit(dt)
+    return n * u / (1 - n * u)
+
+
+def _mp_tiny(dt):
+    return mpmath.mpf(2) ** (-1022 if dt == F64 else -126)
+
+
+def _mp_log_normaliser(mu, sigma):
+    """log sum_k exp(-(k - mu)^2 / (2 sigma^2)) at 50 digits, the lattice summed out to 40 widths."""
+    mu, sigma = mpmath.mpf(mu), mpmath.mpf(sigma)
+    c, R = int(mpmath.nint(mu)), int(40 * sigma) + 40
+    return mpmath.log(mpmath.fsum(mpmath.exp(-(k - mu) ** 2 / (2 * sigma ** 2)) for k in range(c - R, c + R + 1)))
+
+
+def _mp_tap_error(mu, sigma, dt):
+    """|fl(g)/g - 1| <= exp(gamma_8 (|x| + 2 |log Z| + 4)) - 1 + u at the largest |x| = -log t - log(2u) + 1."""
+    u = _mp_unit(dt)
+    log_range = -mpmath.log(_mp_tiny(dt)) - mpmath.log(2 * u) + 1
+    return mpmath.expm1(_mp_gamma(8, dt) * (log_range + 2 * abs(_mp_log_normaliser(mu, sigma)) + 4)) + u
+
+
+def _close(got, ref, rel):
+    got, ref = mpmath.mpf(float(got)), mpmath.mpf(ref)
+    return abs(got - ref) <= rel * abs(ref)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_symbol_rounding_allowances_are_the_formulas_of_proofs_S2(dt):
+    """tap_error, symbol_error, truncated_symbol_error and coefficient_error against 50-digit evaluations of
+    proofs/S2.md ('kernel taps', 'symbols'): every term (gamma_{terms+6}, the phase term 4u (2 + 3 pi (|c| +
+    terms + 2)), gamma_{2n+2}, gamma_{M+3}) is larger than the tolerance, so none can be lowered unnoticed."""
+    mpmath.mp.dps = 50
+    p = _small_params(seed=3, heads=2, comps=3, head_dim=2, dtype=dt)
+    rel = 1e-13 if dt == F64 else 2e-6
+    u, g, t = _mp_unit(dt), (lambda n: _mp_gamma(n, dt)), _mp_tiny(dt)
+    H, W, terms = 3, 5, 2 * 7 + 1
+    tap, sym, trunc = spectral.tap_error(p), spectral.symbol_error(p), spectral.truncated_symbol_error(p, H, W)
+    h, M = p.alpha.shape
+    ref_sym = {}
+    for i in range(h):
+        for m in range(M):
+            for ax, n in ((0, H), (1, W)):
+                mu, sigma = float(p.mu[i, m, ax]), float(p.sigma[i, m, ax])
+                e = _mp_tap_error(mu, sigma, dt)
+                c = abs(mpmath.nint(mu))
+                ref_sym[i, m, ax] = e + g(terms + 6) + 4 * u * (2 + 3 * mpmath.pi * (c + terms + 2)) + terms * t
+                assert _close(tap[i, m, ax], e, rel), (i, m, ax)
+                assert _close(sym[i, m, ax], ref_sym[i, m, ax], rel), (i, m, ax)
+                ref_tr = e + g(2 * n + 2) + 4 * u * (2 + 2 * mpmath.pi * n) + 2 * n * t
+                assert _close(trunc[i, m, ax], ref_tr, rel), (i, m, ax)
+    # coefficient errors: sum_m |alpha| (e_y + e_x + e_y e_x) + gamma_{M+3} sum_m |alpha| (1 + e_y)(1 + e_x) + M t,
+    # once with the symbol errors and once with e = 0 (where the gamma_{M+3} term stands alone)
+    for e in (sym, torch.zeros_like(sym)):
+        got = spectral.coefficient_error(p, e)
+        for i in range(h):
+            A = [abs(mpmath.mpf(float(p.alpha[i, m]))) for m in range(M)]
+            ey = [mpmath.mpf(float(e[i, m, 0])) for m in range(M)]
+            ex = [mpmath.mpf(float(e[i, m, 1])) for m in range(M)]
+            ref = (mpmath.fsum(A[m] * (ey[m] + ex[m] + ey[m] * ex[m]) for m in range(M))
+                   + g(M + 3) * mpmath.fsum(A[m] * (1 + ey[m]) * (1 + ex[m]) for m in range(M)) + M * t)
+            assert _close(got[i], ref, rel), (i, float(got[i]), ref)
+
+
+def _mp_derivative_bounds(p, i, m, ax):
+    """(D1, D2) of proofs (derivative_bounds' docstring) at 50 digits: the lattice sums over round(mu) +- R with
+    exact taps, times 1 + gamma_{2R+6} + the tap allowance, plus the tail beyond R and the flushed-tap term
+    2 (2R + 1) t (|mu| + R + 1)^2; and the full lattice sums (the true sup |ghat'|, |ghat''| majorants)."""
+    dt = p.WV.dtype
+    R = int(math.ceil(12 * float(p.sigma.max()) + 12))
+    mu, sigma = mpmath.mpf(float(p.mu[i, m, ax])), mpmath.mpf(float(p.sigma[i, m, ax]))
+    lz = _mp_log_normaliser(mu, sigma)
+    c = int(mpmath.nint(mu))
+    tap = lambda k: mpmath.exp(-(k - mu) ** 2 / (2 * sigma ** 2) - lz)  # noqa: E731
+    rel = 1 + _mp_gamma(2 * R + 6, dt) + _mp_tap_error(mu, sigma, dt)
+    Rp = 12 * sigma + 11
+    tail = (4 * (abs(mu) + R + 1) ** 2 * mpmath.exp(-Rp ** 2 / (2 * sigma ** 2) - lz) / (-mpmath.expm1(-1 / sigma))
+            + 2 * (2 * R + 1) * _mp_tiny(dt) * (abs(mu) + R + 1) ** 2)
+    ks = range(c - R, c + R + 1)
+    D = [mpmath.fsum(abs(k) ** j * tap(k) for k in ks) * rel + tail for j in (1, 2)]
+    far = int(40 * sigma) + R + 40
+    true = [mpmath.fsum(abs(k) ** j * tap(k) for k in range(c - far, c + far + 1)) for j in (1, 2)]
+    return D, true
+
+
+def test_derivative_bounds_are_the_formula_and_cover_flushed_taps():
+    """derivative_bounds against its formula at 50 digits and above the true lattice sums. The second layer has
+    sigma = 0.02 at integer mu: every tap but the centre's is far below the smallest normal number and flushes
+    to 0, so D1 on that axis (and D2) is carried by the flushed-tap term 2 (2R + 1) t (|mu| + R + 1)^2 alone."""
+    mpmath.mp.dps = 50
+    wide = _small_params(seed=7, heads=2, comps=2, head_dim=2)
+    z = lambda *s: torch.zeros(*s, dtype=F64)  # noqa: E731
+    flushed = spectral.SSoGParams(alpha=torch.tensor([[0.75, -0.5]], dtype=F64),
+                                  mu=torch.tensor([[[0.0, 3.0], [0.375, -2.0]]], dtype=F64),
+                                  sigma=torch.tensor([[[0.02, 0.02], [1.5, 0.7]]], dtype=F64),
+                                  WV=z(2, 2) + 0.5, WO=z(2, 2) + 0.5)
+    for p in (wide, flushed):
+        D1, D2 = spectral.derivative_bounds(p)
+        h, M = p.alpha.shape
+        for i in range(h):
+            for m in range(M):
+                for ax in range(2):
+                    (r1, r2), (t1, t2) = _mp_derivative_bounds(p, i, m, ax)
+                    for got, ref, true in ((D1, r1, t1), (D2, r2, t2)):
+                        v = float(got[i, m, ax])
+                        assert v >= true and _close(v, ref, 3e-15), (i, m, ax, v, ref, true)
+    D1, D2 = spectral.derivative_bounds(flushed)
+    assert 0 < float(D1[0, 0, 0]) < 1e-300 and float(D1[0, 0, 0]) == float(D2[0, 0, 0])
