@@ -891,3 +891,69 @@ def test_derivative_bounds_are_the_formula_and_cover_flushed_taps():
                         assert v >= true and _close(v, ref, 3e-15), (i, m, ax, v, ref, true)
     D1, D2 = spectral.derivative_bounds(flushed)
     assert 0 < float(D1[0, 0, 0]) < 1e-300 and float(D1[0, 0, 0]) == float(D2[0, 0, 0])
+
+
+def _mp_two_by_two(p_, q_, r_, s_):
+    return (mpmath.hypot(p_ + s_, q_ - r_) + mpmath.hypot(p_ - s_, q_ + r_)) / 2
+
+
+def _mp_anchor_bound(sn, c, an, j):
+    """proofs/S2.md 'anchor bound' at 50 digits for coefficient vector c (h,) and anchor j, from the stored anchor
+    quantities and the certified norms: (the 2 x 2 bound times 1 + gamma_16, the first-order bound, eS)."""
+    dt, h = sn.p.WV.dtype, sn.h
+    g = lambda n: _mp_gamma(n, dt)  # noqa: E731
+    x = lambda v: mpmath.mpf(float(v))  # noqa: E731
+    z = lambda v: mpmath.mpc(complex(v))  # noqa: E731
+    dc = [z(c[k]) - z(an["c"][j, k]) for k in range(h)]
+    a = mpmath.fsum(dc[k] * z(an["t"][j, k]) for k in range(h))
+    bu = mpmath.re(mpmath.fsum(dc[a_] * z(an["Gu"][j, a_, b]) * mpmath.conj(dc[b]) for a_ in range(h) for b in range(h)))
+    bv = mpmath.re(mpmath.fsum(mpmath.conj(dc[a_]) * z(an["Gv"][j, a_, b]) * dc[b] for a_ in range(h) for b in range(h)))
+    dn = min(mpmath.fsum(abs(dc[k]) * x(sn.Pnorm[k]) for k in range(h)),
+             x(sn.nWV) * x(sn.nWO) * max(abs(v) for v in dc)) * (1 + g(h + 3))
+    DF = mpmath.fsum(abs(dc[k]) * x(sn.F[k]) for k in range(h)) * (1 + g(h + 3))
+    delta = x(an["delta"][j])
+    e = g(2 * sn.p.dim + sn.d + 2 * h + 8) * DF * (1 + delta) ** 2
+    aa, scale, under = abs(a) ** 2, 1 / (1 - delta) ** 2, 3 * delta * dn ** 2
+    q_ = mpmath.sqrt((max(bu - aa, 0) + 4 * e * DF) * scale + under) + x(an["rho_b"][j])
+    r_ = mpmath.sqrt((max(bv - aa, 0) + 4 * e * DF) * scale + under) + x(an["rho_r"][j])
+    p_ = abs(x(an["s1"][j]) + a) + e + (scale - 1) * (abs(a) + e) + x(an["rho_r"][j])
+    s_ = x(an["tau2"][j]) + dn
+    two = _mp_two_by_two(p_, q_, r_, s_) * (1 + g(16))
+    first = (x(an["top"][j]) + dn) * (1 + g(2))
+    return two, first, x(an["eS"][j])
+
+
+@pytest.mark.parametrize("lie", [False, True])
+def test_anchor_margins_are_the_formulas_of_proofs_S2(monkeypatch, lie):
+    """add_anchors' top = ||[[s1 + rho_r, rho_b], [rho_r, tau2]]|| (1 + gamma_8) and eS = gamma_{C+2} sum |c| F,
+    and anchor_bound = min over anchors of min(2 x 2 bound (1 + gamma_16), (top + D)(1 + gamma_2)) + eS, all
+    re-evaluated at 50 digits from the stored anchor quantities. The 2 x 2 bound is the smaller one near an anchor,
+    where its margin 1 + gamma_16 (~ 1.8e-15) is well above the tolerance."""
+    mpmath.mp.dps = 50
+    p = _small_params(seed=3)
+    sn = spectral.SymbolNorm(p)
+    g = torch.Generator().manual_seed(5)
+    c0 = torch.complex(torch.randn(2, p.num_heads, generator=g, dtype=F64), torch.randn(2, p.num_heads, generator=g, dtype=F64))
+    if lie:
+        _lying_svd(monkeypatch)
+    top = sn.add_anchors(c0)
+    an = sn.all_anchors()
+    for j in range(2):
+        ref_top = _mp_two_by_two(*(mpmath.mpf(float(v)) for v in (an["s1"][j] + an["rho_r"][j], an["rho_b"][j],
+                                                                     an["rho_r"][j], an["tau2"][j])))
+        ref_top *= 1 + _mp_gamma(8, F64)
+        ref_eS = _mp_gamma(p.dim + 2, F64) * mpmath.fsum(abs(mpmath.mpc(complex(c0[j, k]))) * mpmath.mpf(float(sn.F[k]))
+                                                         for k in range(p.num_heads))
+        assert _close(an["top"][j], ref_top, 4e-16) and _close(an["eS"][j], ref_eS, 4e-16)
+        assert _close(top[j], ref_top + ref_eS, 4e-16)
+    dirs = torch.complex(torch.randn(3, p.num_heads, generator=g, dtype=F64), torch.randn(3, p.num_heads, generator=g, dtype=F64))
+    two_was_smaller = 0
+    for t in (1e-3, 1e-2, 1.0):
+        c = c0[:1] + t * dirs
+        got = sn.anchor_bound(c, an)
+        for i in range(c.shape[0]):
+            cands = [_mp_anchor_bound(sn, c[i], an, j) for j in range(2)]
+            ref = min(min(two, first) + eS for two, first, eS in cands)
+            two_was_smaller += min(cands, key=lambda x: min(x[0], x[1]) + x[2])[0] < min(cands, key=lambda x: min(x[0], x[1]) + x[2])[1]
+            assert _close(got[i], ref, 1e-15), (t, i, float(got[i]), ref)
+    assert two_was_smaller >= 3
