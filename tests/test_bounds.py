@@ -981,3 +981,41 @@ def test_interlacing_tail_is_the_formula_of_proofs_S2():
         assert spectral.interlacing_tail(0.5, 0.75, 0.0, 4, 0.0, dt) == 0.0
         assert spectral.interlacing_tail(0.5, 0.25, 0.25, 5, 0.0, dt) == 0.0
         assert spectral.interlacing_tail(math.inf, 0.5, 0.0, 4, 0.0, dt) == 0.0
+
+
+def test_anchor_verification_margins_are_the_formulas_of_proofs_S2():
+    """anchor_verification on exact rank-one anchors (S = s1 u v^* with dyadic entries, the guess exact or with a
+    non-unit u1), where S v1 - s1 u1 and the difference D = S - s1 u1 v1^* are computed exactly: delta, rho_r,
+    rho_b and tau2 are then nothing but their rounding allowances (proofs/S2.md, 'anchor bound'), re-derived
+    here at 50 digits (they come out within 1.5e-16 relative: a gamma_2 more or less is caught)."""
+    mpmath.mp.dps = 50
+    C, g = 4, (lambda n: _mp_gamma(n, F64))
+    S = torch.zeros(3, C, C, dtype=torch.complex128)
+    u1 = torch.zeros(3, C, dtype=torch.complex128)
+    v1 = torch.zeros(3, C, dtype=torch.complex128)
+    S[0, 0, 0], u1[0, 0], v1[0, 0] = 0.75, 1, 1
+    S[1, 1, 2], u1[1, 1], v1[1, 2] = 0.5j, 1j, 1  # S v1 = 0.5 i e2 = s1 u1
+    S[2, 3, 0], u1[2, 3], v1[2, 0] = 1.5, 1 + 2.0 ** -20, 1  # a non-unit u1: S v1 - s1 u1 = -1.5 2^-20 e4
+    s1 = torch.tensor([0.75, 0.5, 1.5], dtype=F64)
+    got = spectral.anchor_verification(S, s1, u1, v1, torch.zeros(3, dtype=F64))
+    for i in range(3):
+        z = lambda v: mpmath.mpc(complex(v))  # noqa: E731
+        Sm = [[z(S[i, a, b]) for b in range(C)] for a in range(C)]
+        um, vm, s = [z(x) for x in u1[i]], [z(x) for x in v1[i]], mpmath.mpf(float(s1[i]))
+        nu2, nv2 = mpmath.fsum(abs(x) ** 2 for x in um), mpmath.fsum(abs(x) ** 2 for x in vm)
+        delta = abs(nu2 - 1) + abs(nv2 - 1) + g(2 * C + 4) * (nu2 + nv2)
+        SF = mpmath.sqrt(mpmath.fsum(abs(x) ** 2 for row in Sm for x in row)) * (1 + g(2 * C * C + 4))
+        nu, nv = mpmath.sqrt(nu2 * (1 + g(2 * C + 4))), mpmath.sqrt(nv2 * (1 + g(2 * C + 4)))
+        Rv = [mpmath.fsum(Sm[a][b] * vm[b] for b in range(C)) - s * um[a] for a in range(C)]
+        Ru = [mpmath.fsum(mpmath.conj(Sm[b][a]) * um[b] for b in range(C)) - s * vm[a] for a in range(C)]
+        err = g(C + 4) * (SF * max(nu, nv) + s * max(nu, nv))
+        norm_up = lambda x: mpmath.sqrt(mpmath.fsum(abs(y) ** 2 for y in x)) * (1 + g(2 * C + 4))  # noqa: E731
+        rho_r = (norm_up(Rv) + err + s * delta) / (1 - delta) * (1 + g(4))
+        rho_b = (norm_up(Ru) + err + s * delta) / (1 - delta) * (1 + g(4))
+        # D = S - s1 u1 v1^* is computed exactly: 0 for the exact guesses, one entry -1.5 2^-20 for the last
+        D = abs(s * um[3] - Sm[3][0]) if i == 2 else 0
+        tau2 = (D + g(6) * (SF + s * nu * nv)) * (1 + g(2))
+        for key, ref in (("delta", delta), ("rho_r", rho_r), ("rho_b", rho_b), ("tau2", tau2)):
+            # tau2's ||D|| is a Cholesky-verified upper bound (within ~ n^2 u of the norm) where D != 0
+            assert _close(got[key][i], ref, 3e-16) or (key == "tau2" and i == 2 and ref <= float(got[key][i])
+                                                       <= ref * (1 + 1e-12)), (i, key, float(got[key][i]), ref)
