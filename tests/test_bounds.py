@@ -1019,3 +1019,37 @@ def test_anchor_verification_margins_are_the_formulas_of_proofs_S2():
             # tau2's ||D|| is a Cholesky-verified upper bound (within ~ n^2 u of the norm) where D != 0
             assert _close(got[key][i], ref, 3e-16) or (key == "tau2" and i == 2 and ref <= float(got[key][i])
                                                        <= ref * (1 + 1e-12)), (i, key, float(got[key][i]), ref)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_magnitude_and_dense_error_are_the_formulas_of_proofs_S2(dt):
+    """head_frobenius F_h = ||W_V,h||_F ||W_O,h||_F (1 + gamma_{2Cd+4}), magnitude B = sum_h F_h sum_m |alpha|
+    (1 + gamma_{M+h+2}) and dense_error (2 eps + eps^2 + gamma_{M+d+2C+8} + conversion + 4 N t) B at 50 digits
+    (proofs/S2.md, 'magnitude', 'Gram iteration'). The weights are dyadic with ||W_V,h||_F = ||W_O,h||_F = 1
+    exactly and sum |alpha| = 1/2 per head, so F_h and B are their formulas rounded once or twice, compared to half
+    an ulp."""
+    mpmath.mp.dps = 50
+    layer = random_layer(9, 2, 2, 2, dtype=F64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(0.5 * torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=F64).T)
+        layer.o_proj.weight.copy_(0.5 * torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=F64).T)
+        layer.alpha.copy_(torch.tensor([[0.25, -0.25], [0.375, 0.125]], dtype=F64))
+    p = spectral.ssog_params(layer, dtype=dt)
+    u, g = _mp_unit(dt), (lambda n: _mp_gamma(n, dt))
+    h, M = p.alpha.shape
+    C, d = p.dim, p.head_dim
+    F = p.head_frobenius()
+    for i in range(h):
+        assert abs(mpmath.mpf(float(F[i])) - (1 + g(2 * C * d + 4))) <= u, (i, float(F[i]))
+    B_ref = mpmath.fsum((1 + g(2 * C * d + 4)) * mpmath.fsum(abs(mpmath.mpf(float(a))) for a in p.alpha[i])
+                        for i in range(h)) * (1 + g(M + h + 2))
+    B = p.magnitude()
+    assert float(p.alpha.abs().sum()) == 1.0 and abs(B - B_ref) <= u, (B, B_ref)  # B = (1 + 2Cd u)(1 + (M + h + 2) u), rounded
+    # reading float64 weights into float32 is one rounding per entry: 3 gamma_3 (float32); none in float64
+    conv = 3 * g(3) if dt == torch.float32 else 0
+    assert _close(p.conversion_error, conv, 1e-12) if conv else p.conversion_error == 0.0
+    eps = max(_mp_tap_error(float(p.mu[i, m, ax]), float(p.sigma[i, m, ax]), dt)
+              for i in range(h) for m in range(M) for ax in range(2))
+    N = 12
+    ref = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + conv + 4 * N * _mp_tiny(dt)) * mpmath.mpf(B)
+    assert _close(spectral.dense_error(p, N), ref, 1e-10 if dt == F64 else 1e-5)
