@@ -1053,3 +1053,30 @@ def test_magnitude_and_dense_error_are_the_formulas_of_proofs_S2(dt):
     N = 12
     ref = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + conv + 4 * N * _mp_tiny(dt)) * mpmath.mpf(B)
     assert _close(spectral.dense_error(p, N), ref, 1e-10 if dt == F64 else 1e-5)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_head_norm_allowance_is_the_formula_of_proofs_S2(dt):
+    """head_norms = norm2_upper(fl P_h) (1 + gamma_2) + (gamma_{d+2} + conversion) F_h ('head norms'), and the closed
+    form sum_h ||P_h|| sum_m |alpha| (1 + gamma_{M+h+2}), on weights whose head products cancel exactly
+    (W_V,h = [w, -w], W_O,h = [r; r], so P_h = w r^T - w r^T = 0 in floating point, ||W_V,h||_F = ||W_O,h||_F = 1):
+    what is left is the allowance alone, compared at 50 digits to a few ulps."""
+    mpmath.mp.dps = 50
+    layer = random_layer(9, 2, 2, 2, dtype=F64)
+    w = torch.tensor([[0.5, -0.5, 0, 0], [0.5, -0.5, 0, 0], [0, 0, 0.5, -0.5], [0, 0, 0.5, -0.5]], dtype=F64)
+    r = torch.tensor([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]], dtype=F64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(w.T)  # X @ W_V with W_V = v_proj.weight^T
+        layer.o_proj.weight.copy_(r.T)
+        layer.alpha.copy_(torch.tensor([[0.25, -0.25], [0.375, 0.125]], dtype=F64))
+    p = spectral.ssog_params(layer, dtype=dt)
+    assert float(p.head_projections().abs().max()) == 0.0
+    u, g = _mp_unit(dt), (lambda n: _mp_gamma(n, dt))
+    conv = 3 * g(3) if dt == torch.float32 else 0
+    F = 1 + g(2 * p.dim * p.head_dim + 4)
+    each = (g(p.head_dim + 2) + conv) * F
+    got = spectral.head_norms(p)
+    for i in range(p.num_heads):
+        assert abs(mpmath.mpf(float(got[i])) - each) <= 4 * u * each, (i, float(got[i]), each)
+    closed = (each * mpmath.mpf(0.5) * 2) * (1 + g(p.alpha.shape[1] + p.num_heads + 2))
+    assert abs(mpmath.mpf(spectral.closed_form_bound(p)) - closed) <= 8 * u * closed
