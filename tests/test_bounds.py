@@ -753,6 +753,21 @@ def test_probabilistic_bound_meets_its_target_gap():
     assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20
     exact = ref_norm(layer, 8, 8)
     assert r.lower <= exact <= r.upper
+    # the reported bound is sqrt((theta + gamma_{4n+8} B^2) / (1 - e)) (proofs/S2.md, 'probabilistic upper bound'),
+    # e solved at delta / |Q| for the planned schedule Q = {10, 20, ..., 250, 256}, at the step where the run stopped
+    mpmath.mp.dps = 50
+    lz = r.info["lanczos"]
+    n, steps = 8 * 8 * 4, lz["steps"]
+    Q = sorted(set(range(10, n + 1, 10)) | {n})
+    assert lz["n"] == n and lz["schedule_size"] == len(Q) == 26 and steps in Q and lz["checks"] == Q[:Q.index(steps) + 1]
+    delta = mpmath.mpf(1e-6) / len(Q)
+    assert _close(lz["failure_probability_per_check"], delta, 1e-15)
+    eps = (mpmath.log(mpmath.mpf(1.648) * mpmath.sqrt(n) / delta) / (2 * steps - 1)) ** 2
+    assert _close(lz["kw_epsilon"], eps, 1e-14)
+    B = mpmath.mpf(r.margins["magnitude"]) / 2 ** r.margins["log2_scale"]  # of the normalised operator
+    up = mpmath.sqrt((lz["theta"] + _mp_gamma(4 * n + 8, F64) * B ** 2) / (1 - eps)) * 2 ** r.margins["log2_scale"]
+    assert _close(r.upper_probabilistic, up, 1e-14) and exact <= r.upper_probabilistic
+    assert r.failure_probability == 1e-6 and r.seed == 4
 
 
 def test_exact_value_in_the_subnormal_range_is_rounded_up():
