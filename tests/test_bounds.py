@@ -743,6 +743,50 @@ def test_result_records_every_stage():
     assert rf["symbol_sup_lower"] <= r.resolution_free <= rf["symbol_sup_lower"] * (1 + 1.01e-3)
 
 
+def test_result_records_its_margins_and_diagnostics():
+    """The margins record (proofs/S2.md, re-derived here at 50 digits) of a layer whose weights need a power-of-two
+    normalisation, and the diagnostics of every stage: attained values below the bounds they certify, frequencies
+    on the grids they were taken from, the Lanczos schedule."""
+    mpmath.mp.dps = 50
+    layer = random_layer(2, 2, 2, 2)
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(2.0 ** 40)
+        layer.alpha.mul_(2.0 ** -7)
+    H, W = 3, 3
+    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-3, seed=1, symbol_start_tokens=1)
+    exact = ref_norm(layer, H, W)
+    a, mu, sigma, WV, WO = ref_params(layer)
+    e2 = sum(math.frexp(float(np.abs(x).max()))[1] for x in (a, WV, WO))
+    m = r.margins
+    assert m["dtype"] == "torch.float64" and m["unit_roundoff"] == 2.0 ** -53 and m["log2_scale"] == e2
+    assert m["conversion_error"] == 0.0 and "Cholesky" in m["spectral_norms"]
+    g = lambda n: _mp_gamma(n, F64)  # noqa: E731
+    h, M = a.shape
+    C, d = WV.shape[0], WV.shape[0] // h
+    fro = lambda x: mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in x.ravel()))  # noqa: E731
+    B = mpmath.fsum(fro(WV[:, i * d:(i + 1) * d]) * fro(WO[i * d:(i + 1) * d, :]) * (1 + g(2 * C * d + 4))
+                    * mpmath.fsum(abs(mpmath.mpf(float(x))) for x in a[i]) for i in range(h)) * (1 + g(M + h + 2))
+    assert _close(m["magnitude"], B, 1e-14) and exact <= m["magnitude"]
+    eps = max(_mp_tap_error(float(mu[i, j, ax]), float(sigma[i, j, ax]), F64)
+              for i in range(h) for j in range(M) for ax in range(2))
+    assert _close(m["tap_relative_error"], eps, 1e-13)
+    dense = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + 4 * H * W * _mp_tiny(F64)) * B
+    assert _close(m["dense_error"], dense, 1e-10)
+    assert set(r.method) == {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower",
+                             "upper_probabilistic"} and r.exact_reason is None
+    assert r.lower <= exact <= r.upper <= min(r.gram, r.circulant, r.resolution_free, r.closed_form)
+    assert r.exact == pytest.approx(exact, rel=1e-12)
+    ss = r.info["lanczos_symbol_start"]  # the symbol-guided start: an attained ratio, below the final lower bound
+    assert 2 <= ss["steps"] <= 40 and ss["lower"] <= r.lower and ss["theta"] > 0
+    assert ss["lower"] >= exact * (1 - 1e-6)  # 36 steps span the whole 36-dimensional space
+    c = r.info["circulant"]  # its argmax is a frequency of the 5 x 5 DFT grid, its value attained there
+    k = [round(x * 5 / (2 * math.pi)) for x in c["argmax"]]
+    assert all(abs(x - 2 * math.pi * j / 5) < 1e-12 for x, j in zip(c["argmax"], k)) and c["svds"] >= 1
+    rf = r.info["resolution_free"]
+    assert 0 <= rf["argmax"][0] <= math.pi and -math.pi <= rf["argmax"][1] <= math.pi
+    assert rf["rounds"] >= 1 and rf["svds"] >= 1 and rf["cells_left"] == 0 and 0 <= rf["achieved_rtol"] <= 1.01e-3
+
+
 def test_probabilistic_bound_meets_its_target_gap():
     """Without Gram iteration or a dense SVD the deterministic upper bound (circulant) is a few percent loose;
     the adaptive Lanczos run must continue until its own bound is within target_gap of the lower bound."""
