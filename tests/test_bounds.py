@@ -370,6 +370,34 @@ def test_resolution_free_dominates_the_symbol_everywhere(rtol, cells, rounds, wi
         assert rf.upper <= rf.lower * (1 + 2e-6) and rf.lower >= brute * (1 - 1e-3)
 
 
+def shifted_difference_layer(shift, ax):
+    """One head, P = I, two narrow taps (sigma = 0.05) at offsets 0 and `shift` along axis ax with alpha = (1, -1):
+    c(w) = 1 - exp(-i shift w_ax) up to exp(-200), so sup ||S(w)|| = sup |c| = 2, at w_ax = pi / shift (mod 2 pi / shift)."""
+    layer = SSoG(2, 1, 2, dtype=F64)
+    mu = torch.zeros(1, 2, 2, dtype=F64)
+    mu[0, 1, ax] = shift
+    layer.set_gaussian_params(torch.tensor([[1.0, -1.0]], dtype=F64), mu, torch.full((1, 2, 2), 0.05, dtype=F64))
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.eye(2, dtype=F64))
+        layer.o_proj.weight.copy_(torch.eye(2, dtype=F64))
+    return layer
+
+
+@pytest.mark.parametrize("ax", [0, 1])
+def test_resolution_free_covers_the_torus_and_bounds_each_axis_by_its_own_derivative(ax):
+    """The symbol 1 - exp(-i s w_ax) of a difference of shifted taps (sup 2, exact up to exp(-200)):
+    - s = 1: the sup sits at the edge of the torus, w_ax = pi; the bound must still reach 2 (the cells cover the whole
+      torus) and, at rtol 1e-2, not exceed it by more;
+    - s = 8, 4 coarse cells per axis and one round: c vanishes at every cell centre and corner, so the bound is the
+      interpolation remainder alone, 1/2 sum |alpha| (D2_y r_y^2 + D2_x r_x^2); only the shifted axis carries a
+      second derivative (D2 ~ 64), and that axis's term must reach 2."""
+    rf, _ = spectral.resolution_free_bound(spectral.ssog_params(shifted_difference_layer(1, ax)), rtol=1e-2)
+    assert 2 * (1 - 1e-12) <= rf.upper <= 2 * (1 + 1.1e-2) and abs(abs(rf.argmax[ax]) - math.pi) < 0.1
+    rf, _ = spectral.resolution_free_bound(spectral.ssog_params(shifted_difference_layer(8, ax)), rtol=0.5,
+                                           init_cells=4, max_rounds=1)
+    assert rf.lower < 1e-6 and rf.upper >= 2
+
+
 def test_szego_sections_increase_to_the_symbol_sup():
     layer = random_layer(11, 2, 2, 2, mu_scale=2.0, log_sigma=(-0.5, 1.0))
     rf, _ = spectral.resolution_free_bound(spectral.ssog_params(layer), rtol=1e-6)
