@@ -813,6 +813,15 @@ def test_result_records_its_margins_and_diagnostics():
     rf = r.info["resolution_free"]
     assert 0 <= rf["argmax"][0] <= math.pi and -math.pi <= rf["argmax"][1] <= math.pi
     assert rf["rounds"] >= 1 and rf["svds"] >= 1 and rf["cells_left"] == 0 and 0 <= rf["achieved_rtol"] <= 1.01e-3
+    d = r.as_dict()  # the record as plain data, with both relative gaps
+    assert d["gap"] == (d["upper"] - d["lower"]) / d["lower"] and d["upper"] == r.upper and d["seed"] == 1
+    assert d["gap_probabilistic"] == (d["upper_probabilistic"] - d["lower"]) / d["lower"] >= 0
+    # without the random-start run the probabilistic bound is the deterministic one, with failure probability 0
+    r0 = ssog_lipschitz(layer, 2, 2, resolution_free=False, probabilistic=False)
+    assert set(r0.method) == {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower",
+                              "upper_probabilistic"} and set(r0.seconds) == set(r0.method)
+    assert r0.upper_probabilistic == r0.upper and r0.failure_probability == 0.0 and r0.seed is None
+    assert "lanczos" not in r0.info and r0.lower <= ref_norm(layer, 2, 2) <= r0.upper
 
 
 def test_probabilistic_bound_meets_its_target_gap():
