@@ -370,6 +370,34 @@ def test_resolution_free_dominates_the_symbol_everywhere(rtol, cells, rounds, wi
         assert rf.upper <= rf.lower * (1 + 2e-6) and rf.lower >= brute * (1 - 1e-3)
 
 
+def shifted_difference_layer(shift, ax):
+    """One head, P = I, two narrow taps (sigma = 0.05) at offsets 0 and `shift` along axis ax with alpha = (1, -1):
+    c(w) = 1 - exp(-i shift w_ax) up to exp(-200), so sup ||S(w)|| = sup |c| = 2, at w_ax = pi / shift (mod 2 pi / shift)."""
+    layer = SSoG(2, 1, 2, dtype=F64)
+    mu = torch.zeros(1, 2, 2, dtype=F64)
+    mu[0, 1, ax] = shift
+    layer.set_gaussian_params(torch.tensor([[1.0, -1.0]], dtype=F64), mu, torch.full((1, 2, 2), 0.05, dtype=F64))
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.eye(2, dtype=F64))
+        layer.o_proj.weight.copy_(torch.eye(2, dtype=F64))
+    return layer
+
+
+@pytest.mark.parametrize("ax", [0, 1])
+def test_resolution_free_covers_the_torus_and_bounds_each_axis_by_its_own_derivative(ax):
+    """The symbol 1 - exp(-i s w_ax) of a difference of shifted taps (sup 2, exact up to exp(-200)):
+    - s = 1: the sup sits at the edge of the torus, w_ax = pi; the bound must still reach 2 (the cells cover the whole
+      torus) and, at rtol 1e-2, not exceed it by more;
+    - s = 8, 4 coarse cells per axis and one round: c vanishes at every cell centre and corner, so the bound is the
+      interpolation remainder alone, 1/2 sum |alpha| (D2_y r_y^2 + D2_x r_x^2); only the shifted axis carries a
+      second derivative (D2 ~ 64), and that axis's term must reach 2."""
+    rf, _ = spectral.resolution_free_bound(spectral.ssog_params(shifted_difference_layer(1, ax)), rtol=1e-2)
+    assert 2 * (1 - 1e-12) <= rf.upper <= 2 * (1 + 1.1e-2) and abs(abs(rf.argmax[ax]) - math.pi) < 0.1
+    rf, _ = spectral.resolution_free_bound(spectral.ssog_params(shifted_difference_layer(8, ax)), rtol=0.5,
+                                           init_cells=4, max_rounds=1)
+    assert rf.lower < 1e-6 and rf.upper >= 2
+
+
 def test_szego_sections_increase_to_the_symbol_sup():
     layer = random_layer(11, 2, 2, 2, mu_scale=2.0, log_sigma=(-0.5, 1.0))
     rf, _ = spectral.resolution_free_bound(spectral.ssog_params(layer), rtol=1e-6)
@@ -743,6 +771,59 @@ def test_result_records_every_stage():
     assert rf["symbol_sup_lower"] <= r.resolution_free <= rf["symbol_sup_lower"] * (1 + 1.01e-3)
 
 
+def test_result_records_its_margins_and_diagnostics():
+    """The margins record (proofs/S2.md, re-derived here at 50 digits) of a layer whose weights need a power-of-two
+    normalisation, and the diagnostics of every stage: attained values below the bounds they certify, frequencies
+    on the grids they were taken from, the Lanczos schedule."""
+    mpmath.mp.dps = 50
+    layer = random_layer(2, 2, 2, 2)
+    with torch.no_grad():
+        layer.v_proj.weight.mul_(2.0 ** 40)
+        layer.alpha.mul_(2.0 ** -7)
+    H, W = 3, 3
+    r = ssog_lipschitz(layer, H, W, rf_rtol=1e-3, seed=1, symbol_start_tokens=1)
+    exact = ref_norm(layer, H, W)
+    a, mu, sigma, WV, WO = ref_params(layer)
+    e2 = sum(math.frexp(float(np.abs(x).max()))[1] for x in (a, WV, WO))
+    m = r.margins
+    assert m["dtype"] == "torch.float64" and m["unit_roundoff"] == 2.0 ** -53 and m["log2_scale"] == e2
+    assert m["conversion_error"] == 0.0 and "Cholesky" in m["spectral_norms"]
+    g = lambda n: _mp_gamma(n, F64)  # noqa: E731
+    h, M = a.shape
+    C, d = WV.shape[0], WV.shape[0] // h
+    fro = lambda x: mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in x.ravel()))  # noqa: E731
+    B = mpmath.fsum(fro(WV[:, i * d:(i + 1) * d]) * fro(WO[i * d:(i + 1) * d, :]) * (1 + g(2 * C * d + 4))
+                    * mpmath.fsum(abs(mpmath.mpf(float(x))) for x in a[i]) for i in range(h)) * (1 + g(M + h + 2))
+    assert _close(m["magnitude"], B, 1e-14) and exact <= m["magnitude"]
+    eps = max(_mp_tap_error(float(mu[i, j, ax]), float(sigma[i, j, ax]), F64)
+              for i in range(h) for j in range(M) for ax in range(2))
+    assert _close(m["tap_relative_error"], eps, 1e-13)
+    dense = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + 4 * H * W * _mp_tiny(F64)) * B
+    assert _close(m["dense_error"], dense, 1e-10)
+    assert set(r.method) == {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower",
+                             "upper_probabilistic"} and r.exact_reason is None
+    assert r.lower <= exact <= r.upper <= min(r.gram, r.circulant, r.resolution_free, r.closed_form)
+    assert r.exact == pytest.approx(exact, rel=1e-12)
+    ss = r.info["lanczos_symbol_start"]  # the symbol-guided start: an attained ratio, below the final lower bound
+    assert 2 <= ss["steps"] <= 40 and ss["lower"] <= r.lower and ss["theta"] > 0
+    assert ss["lower"] >= exact * (1 - 1e-6)  # 36 steps span the whole 36-dimensional space
+    c = r.info["circulant"]  # its argmax is a frequency of the 5 x 5 DFT grid, its value attained there
+    k = [round(x * 5 / (2 * math.pi)) for x in c["argmax"]]
+    assert all(abs(x - 2 * math.pi * j / 5) < 1e-12 for x, j in zip(c["argmax"], k)) and c["svds"] >= 1
+    rf = r.info["resolution_free"]
+    assert 0 <= rf["argmax"][0] <= math.pi and -math.pi <= rf["argmax"][1] <= math.pi
+    assert rf["rounds"] >= 1 and rf["svds"] >= 1 and rf["cells_left"] == 0 and 0 <= rf["achieved_rtol"] <= 1.01e-3
+    d = r.as_dict()  # the record as plain data, with both relative gaps
+    assert d["gap"] == (d["upper"] - d["lower"]) / d["lower"] and d["upper"] == r.upper and d["seed"] == 1
+    assert d["gap_probabilistic"] == (d["upper_probabilistic"] - d["lower"]) / d["lower"] >= 0
+    # without the random-start run the probabilistic bound is the deterministic one, with failure probability 0
+    r0 = ssog_lipschitz(layer, 2, 2, resolution_free=False, probabilistic=False)
+    assert set(r0.method) == {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower",
+                              "upper_probabilistic"} and set(r0.seconds) == set(r0.method)
+    assert r0.upper_probabilistic == r0.upper and r0.failure_probability == 0.0 and r0.seed is None
+    assert "lanczos" not in r0.info and r0.lower <= ref_norm(layer, 2, 2) <= r0.upper
+
+
 def test_probabilistic_bound_meets_its_target_gap():
     """Without Gram iteration or a dense SVD the deterministic upper bound (circulant) is a few percent loose;
     the adaptive Lanczos run must continue until its own bound is within target_gap of the lower bound."""
@@ -753,6 +834,21 @@ def test_probabilistic_bound_meets_its_target_gap():
     assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20
     exact = ref_norm(layer, 8, 8)
     assert r.lower <= exact <= r.upper
+    # the reported bound is sqrt((theta + gamma_{4n+8} B^2) / (1 - e)) (proofs/S2.md, 'probabilistic upper bound'),
+    # e solved at delta / |Q| for the planned schedule Q = {10, 20, ..., 250, 256}, at the step where the run stopped
+    mpmath.mp.dps = 50
+    lz = r.info["lanczos"]
+    n, steps = 8 * 8 * 4, lz["steps"]
+    Q = sorted(set(range(10, n + 1, 10)) | {n})
+    assert lz["n"] == n and lz["schedule_size"] == len(Q) == 26 and steps in Q and lz["checks"] == Q[:Q.index(steps) + 1]
+    delta = mpmath.mpf(1e-6) / len(Q)
+    assert _close(lz["failure_probability_per_check"], delta, 1e-15)
+    eps = (mpmath.log(mpmath.mpf(1.648) * mpmath.sqrt(n) / delta) / (2 * steps - 1)) ** 2
+    assert _close(lz["kw_epsilon"], eps, 1e-14)
+    B = mpmath.mpf(r.margins["magnitude"]) / 2 ** r.margins["log2_scale"]  # of the normalised operator
+    up = mpmath.sqrt((lz["theta"] + _mp_gamma(4 * n + 8, F64) * B ** 2) / (1 - eps)) * 2 ** r.margins["log2_scale"]
+    assert _close(r.upper_probabilistic, up, 1e-14) and exact <= r.upper_probabilistic
+    assert r.failure_probability == 1e-6 and r.seed == 4
 
 
 def test_exact_value_in_the_subnormal_range_is_rounded_up():
@@ -770,3 +866,313 @@ def test_exact_value_in_the_subnormal_range_is_rounded_up():
     assert r.exact >= true * (1 - 1e-9) and r.exact <= true * (1 + 1e-3)
     assert r.upper >= true and r.lower <= true
     assert r0.exact == pytest.approx(ref_norm(base, 3, 2), rel=1e-12)
+
+
+# ------------------------------------------------------------------ rounding allowances pinned to proofs/S2.md
+# A margin lowered by O(u) leaves every bound true on the inputs a test can draw (the rounding that actually
+# occurs is far below the worst case), yet makes the certificate false in the worst case. So each allowance is
+# re-derived here at 50 digits from the formula written in proofs/S2.md ("rounding margins") and compared with
+# the one the code uses, at a tolerance far below the allowance's own size.
+
+def _mp_unit(dt):
+    return mpmath.mpf(2) ** (-53 if dt == F64 else -24)
+
+
+def _mp_gamma(n, dt):
+    u = _mp_unit(dt)
+    return n * u / (1 - n * u)
+
+
+def _mp_tiny(dt):
+    return mpmath.mpf(2) ** (-1022 if dt == F64 else -126)
+
+
+def _mp_log_normaliser(mu, sigma):
+    """log sum_k exp(-(k - mu)^2 / (2 sigma^2)) at 50 digits, the lattice summed out to 40 widths."""
+    mu, sigma = mpmath.mpf(mu), mpmath.mpf(sigma)
+    c, R = int(mpmath.nint(mu)), int(40 * sigma) + 40
+    return mpmath.log(mpmath.fsum(mpmath.exp(-(k - mu) ** 2 / (2 * sigma ** 2)) for k in range(c - R, c + R + 1)))
+
+
+def _mp_tap_error(mu, sigma, dt):
+    """|fl(g)/g - 1| <= exp(gamma_8 (|x| + 2 |log Z| + 4)) - 1 + u at the largest |x| = -log t - log(2u) + 1."""
+    u = _mp_unit(dt)
+    log_range = -mpmath.log(_mp_tiny(dt)) - mpmath.log(2 * u) + 1
+    return mpmath.expm1(_mp_gamma(8, dt) * (log_range + 2 * abs(_mp_log_normaliser(mu, sigma)) + 4)) + u
+
+
+def _close(got, ref, rel):
+    got, ref = mpmath.mpf(float(got)), mpmath.mpf(ref)
+    return abs(got - ref) <= rel * abs(ref)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_symbol_rounding_allowances_are_the_formulas_of_proofs_S2(dt):
+    """tap_error, symbol_error, truncated_symbol_error and coefficient_error against 50-digit evaluations of
+    proofs/S2.md ('kernel taps', 'symbols'): every term (gamma_{terms+6}, the phase term 4u (2 + 3 pi (|c| +
+    terms + 2)), gamma_{2n+2}, gamma_{M+3}) is larger than the tolerance, so none can be lowered unnoticed."""
+    mpmath.mp.dps = 50
+    p = _small_params(seed=3, heads=2, comps=3, head_dim=2, dtype=dt)
+    rel = 1e-13 if dt == F64 else 2e-6
+    u, g, t = _mp_unit(dt), (lambda n: _mp_gamma(n, dt)), _mp_tiny(dt)
+    H, W, terms = 3, 5, 2 * 7 + 1
+    tap, sym, trunc = spectral.tap_error(p), spectral.symbol_error(p), spectral.truncated_symbol_error(p, H, W)
+    h, M = p.alpha.shape
+    ref_sym = {}
+    for i in range(h):
+        for m in range(M):
+            for ax, n in ((0, H), (1, W)):
+                mu, sigma = float(p.mu[i, m, ax]), float(p.sigma[i, m, ax])
+                e = _mp_tap_error(mu, sigma, dt)
+                c = abs(mpmath.nint(mu))
+                ref_sym[i, m, ax] = e + g(terms + 6) + 4 * u * (2 + 3 * mpmath.pi * (c + terms + 2)) + terms * t
+                assert _close(tap[i, m, ax], e, rel), (i, m, ax)
+                assert _close(sym[i, m, ax], ref_sym[i, m, ax], rel), (i, m, ax)
+                ref_tr = e + g(2 * n + 2) + 4 * u * (2 + 2 * mpmath.pi * n) + 2 * n * t
+                assert _close(trunc[i, m, ax], ref_tr, rel), (i, m, ax)
+    # coefficient errors: sum_m |alpha| (e_y + e_x + e_y e_x) + gamma_{M+3} sum_m |alpha| (1 + e_y)(1 + e_x) + M t,
+    # once with the symbol errors and once with e = 0 (where the gamma_{M+3} term stands alone)
+    for e in (sym, torch.zeros_like(sym)):
+        got = spectral.coefficient_error(p, e)
+        for i in range(h):
+            A = [abs(mpmath.mpf(float(p.alpha[i, m]))) for m in range(M)]
+            ey = [mpmath.mpf(float(e[i, m, 0])) for m in range(M)]
+            ex = [mpmath.mpf(float(e[i, m, 1])) for m in range(M)]
+            ref = (mpmath.fsum(A[m] * (ey[m] + ex[m] + ey[m] * ex[m]) for m in range(M))
+                   + g(M + 3) * mpmath.fsum(A[m] * (1 + ey[m]) * (1 + ex[m]) for m in range(M)) + M * t)
+            assert _close(got[i], ref, rel), (i, float(got[i]), ref)
+
+
+def _mp_derivative_bounds(p, i, m, ax):
+    """(D1, D2) of proofs (derivative_bounds' docstring) at 50 digits: the lattice sums over round(mu) +- R with
+    exact taps, times 1 + gamma_{2R+6} + the tap allowance, plus the tail beyond R and the flushed-tap term
+    2 (2R + 1) t (|mu| + R + 1)^2; and the full lattice sums (the true sup |ghat'|, |ghat''| majorants)."""
+    dt = p.WV.dtype
+    R = int(math.ceil(12 * float(p.sigma.max()) + 12))
+    mu, sigma = mpmath.mpf(float(p.mu[i, m, ax])), mpmath.mpf(float(p.sigma[i, m, ax]))
+    lz = _mp_log_normaliser(mu, sigma)
+    c = int(mpmath.nint(mu))
+    tap = lambda k: mpmath.exp(-(k - mu) ** 2 / (2 * sigma ** 2) - lz)  # noqa: E731
+    rel = 1 + _mp_gamma(2 * R + 6, dt) + _mp_tap_error(mu, sigma, dt)
+    Rp = 12 * sigma + 11
+    tail = (4 * (abs(mu) + R + 1) ** 2 * mpmath.exp(-Rp ** 2 / (2 * sigma ** 2) - lz) / (-mpmath.expm1(-1 / sigma))
+            + 2 * (2 * R + 1) * _mp_tiny(dt) * (abs(mu) + R + 1) ** 2)
+    ks = range(c - R, c + R + 1)
+    D = [mpmath.fsum(abs(k) ** j * tap(k) for k in ks) * rel + tail for j in (1, 2)]
+    far = int(40 * sigma) + R + 40
+    true = [mpmath.fsum(abs(k) ** j * tap(k) for k in range(c - far, c + far + 1)) for j in (1, 2)]
+    return D, true
+
+
+def test_derivative_bounds_are_the_formula_and_cover_flushed_taps():
+    """derivative_bounds against its formula at 50 digits and above the true lattice sums. The second layer has
+    sigma = 0.02 at integer mu: every tap but the centre's is far below the smallest normal number and flushes
+    to 0, so D1 on that axis (and D2) is carried by the flushed-tap term 2 (2R + 1) t (|mu| + R + 1)^2 alone."""
+    mpmath.mp.dps = 50
+    wide = _small_params(seed=7, heads=2, comps=2, head_dim=2)
+    z = lambda *s: torch.zeros(*s, dtype=F64)  # noqa: E731
+    flushed = spectral.SSoGParams(alpha=torch.tensor([[0.75, -0.5]], dtype=F64),
+                                  mu=torch.tensor([[[0.0, 3.0], [0.375, -2.0]]], dtype=F64),
+                                  sigma=torch.tensor([[[0.02, 0.02], [1.5, 0.7]]], dtype=F64),
+                                  WV=z(2, 2) + 0.5, WO=z(2, 2) + 0.5)
+    for p in (wide, flushed):
+        D1, D2 = spectral.derivative_bounds(p)
+        h, M = p.alpha.shape
+        for i in range(h):
+            for m in range(M):
+                for ax in range(2):
+                    (r1, r2), (t1, t2) = _mp_derivative_bounds(p, i, m, ax)
+                    for got, ref, true in ((D1, r1, t1), (D2, r2, t2)):
+                        v = float(got[i, m, ax])
+                        assert v >= true and _close(v, ref, 3e-15), (i, m, ax, v, ref, true)
+    D1, D2 = spectral.derivative_bounds(flushed)
+    assert 0 < float(D1[0, 0, 0]) < 1e-300 and float(D1[0, 0, 0]) == float(D2[0, 0, 0])
+
+
+def _mp_two_by_two(p_, q_, r_, s_):
+    return (mpmath.hypot(p_ + s_, q_ - r_) + mpmath.hypot(p_ - s_, q_ + r_)) / 2
+
+
+def _mp_anchor_bound(sn, c, an, j):
+    """proofs/S2.md 'anchor bound' at 50 digits for coefficient vector c (h,) and anchor j, from the stored anchor
+    quantities and the certified norms: (the 2 x 2 bound times 1 + gamma_16, the first-order bound, eS)."""
+    dt, h = sn.p.WV.dtype, sn.h
+    g = lambda n: _mp_gamma(n, dt)  # noqa: E731
+    x = lambda v: mpmath.mpf(float(v))  # noqa: E731
+    z = lambda v: mpmath.mpc(complex(v))  # noqa: E731
+    dc = [z(c[k]) - z(an["c"][j, k]) for k in range(h)]
+    a = mpmath.fsum(dc[k] * z(an["t"][j, k]) for k in range(h))
+    bu = mpmath.re(mpmath.fsum(dc[a_] * z(an["Gu"][j, a_, b]) * mpmath.conj(dc[b]) for a_ in range(h) for b in range(h)))
+    bv = mpmath.re(mpmath.fsum(mpmath.conj(dc[a_]) * z(an["Gv"][j, a_, b]) * dc[b] for a_ in range(h) for b in range(h)))
+    dn = min(mpmath.fsum(abs(dc[k]) * x(sn.Pnorm[k]) for k in range(h)),
+             x(sn.nWV) * x(sn.nWO) * max(abs(v) for v in dc)) * (1 + g(h + 3))
+    DF = mpmath.fsum(abs(dc[k]) * x(sn.F[k]) for k in range(h)) * (1 + g(h + 3))
+    delta = x(an["delta"][j])
+    e = g(2 * sn.p.dim + sn.d + 2 * h + 8) * DF * (1 + delta) ** 2
+    aa, scale, under = abs(a) ** 2, 1 / (1 - delta) ** 2, 3 * delta * dn ** 2
+    q_ = mpmath.sqrt((max(bu - aa, 0) + 4 * e * DF) * scale + under) + x(an["rho_b"][j])
+    r_ = mpmath.sqrt((max(bv - aa, 0) + 4 * e * DF) * scale + under) + x(an["rho_r"][j])
+    p_ = abs(x(an["s1"][j]) + a) + e + (scale - 1) * (abs(a) + e) + x(an["rho_r"][j])
+    s_ = x(an["tau2"][j]) + dn
+    two = _mp_two_by_two(p_, q_, r_, s_) * (1 + g(16))
+    first = (x(an["top"][j]) + dn) * (1 + g(2))
+    return two, first, x(an["eS"][j])
+
+
+@pytest.mark.parametrize("lie", [False, True])
+def test_anchor_margins_are_the_formulas_of_proofs_S2(monkeypatch, lie):
+    """add_anchors' top = ||[[s1 + rho_r, rho_b], [rho_r, tau2]]|| (1 + gamma_8) and eS = gamma_{C+2} sum |c| F,
+    and anchor_bound = min over anchors of min(2 x 2 bound (1 + gamma_16), (top + D)(1 + gamma_2)) + eS, all
+    re-evaluated at 50 digits from the stored anchor quantities. The 2 x 2 bound is the smaller one near an anchor,
+    where its margin 1 + gamma_16 (~ 1.8e-15) is well above the tolerance."""
+    mpmath.mp.dps = 50
+    p = _small_params(seed=3)
+    sn = spectral.SymbolNorm(p)
+    g = torch.Generator().manual_seed(5)
+    c0 = torch.complex(torch.randn(2, p.num_heads, generator=g, dtype=F64), torch.randn(2, p.num_heads, generator=g, dtype=F64))
+    if lie:
+        _lying_svd(monkeypatch)
+    top = sn.add_anchors(c0)
+    an = sn.all_anchors()
+    for j in range(2):
+        ref_top = _mp_two_by_two(*(mpmath.mpf(float(v)) for v in (an["s1"][j] + an["rho_r"][j], an["rho_b"][j],
+                                                                     an["rho_r"][j], an["tau2"][j])))
+        ref_top *= 1 + _mp_gamma(8, F64)
+        ref_eS = _mp_gamma(p.dim + 2, F64) * mpmath.fsum(abs(mpmath.mpc(complex(c0[j, k]))) * mpmath.mpf(float(sn.F[k]))
+                                                         for k in range(p.num_heads))
+        assert _close(an["top"][j], ref_top, 4e-16) and _close(an["eS"][j], ref_eS, 4e-16)
+        assert _close(top[j], ref_top + ref_eS, 4e-16)
+    dirs = torch.complex(torch.randn(3, p.num_heads, generator=g, dtype=F64), torch.randn(3, p.num_heads, generator=g, dtype=F64))
+    two_was_smaller = 0
+    for t in (1e-3, 1e-2, 1.0):
+        c = c0[:1] + t * dirs
+        got = sn.anchor_bound(c, an)
+        for i in range(c.shape[0]):
+            cands = [_mp_anchor_bound(sn, c[i], an, j) for j in range(2)]
+            ref = min(min(two, first) + eS for two, first, eS in cands)
+            two_was_smaller += min(cands, key=lambda x: min(x[0], x[1]) + x[2])[0] < min(cands, key=lambda x: min(x[0], x[1]) + x[2])[1]
+            assert _close(got[i], ref, 1e-15), (t, i, float(got[i]), ref)
+    assert two_was_smaller >= 3
+
+
+def test_interlacing_tail_is_the_formula_of_proofs_S2():
+    """Gram iteration's interlacing term (fro^2 (1 - g4) - max(L, nu)^2 (1 + g4) - (m - 1) nu^2 (1 + g4))_+
+    / (1 + eta)^2 (1 - g4) at 50 digits, on dyadic inputs where the float evaluation rounds only a few times
+    (so 2 u relative separates the code from a margin changed by one gamma_4; in float32 by one gamma_1); and
+    0 where the basis proves nothing (eta >= 1), the bound is negative, or fro is not finite."""
+    mpmath.mp.dps = 50
+    for dt in (F64, torch.float32):
+        g4 = _mp_gamma(4, dt)
+        for fro, lam1, neg, m, eta in ((0.75, 0.5, 0.0, 4, 0.0), (1.0, 0.25, 0.125, 3, 2.0 ** -10),
+                                       (0.875, 0.0625, 0.5, 2, 0.5)):
+            core = (fro ** 2 * (1 - g4) - max(lam1, neg) ** 2 * (1 + g4) - (m - 1) * mpmath.mpf(neg) ** 2 * (1 + g4))
+            ref = max(core, 0) / (1 + mpmath.mpf(eta)) ** 2 * (1 - g4)
+            got = spectral.interlacing_tail(fro, lam1, neg, m, eta, dt)
+            # evaluated in Python floats whatever dt: float32's allowances are pinned to float64 rounding
+            assert ref > 0 and abs(got - ref) <= 2 * _mp_unit(F64) * ref, (dt, fro, lam1, neg, m, eta, got, ref)
+            # the certified direction: below the exact term without margins
+            assert got <= (fro ** 2 - max(lam1, neg) ** 2 - (m - 1) * neg ** 2) / (1 + eta) ** 2
+        assert spectral.interlacing_tail(1.0, 0.5, 0.0, 4, 1.0, dt) == 0.0
+        assert spectral.interlacing_tail(1.0, 0.5, 0.0, 4, 0.999, dt) > 0.0
+        assert spectral.interlacing_tail(0.5, 0.75, 0.0, 4, 0.0, dt) == 0.0
+        assert spectral.interlacing_tail(0.5, 0.25, 0.25, 5, 0.0, dt) == 0.0
+        assert spectral.interlacing_tail(math.inf, 0.5, 0.0, 4, 0.0, dt) == 0.0
+
+
+def test_anchor_verification_margins_are_the_formulas_of_proofs_S2():
+    """anchor_verification on exact rank-one anchors (S = s1 u v^* with dyadic entries, the guess exact or with a
+    non-unit u1), where S v1 - s1 u1 and the difference D = S - s1 u1 v1^* are computed exactly: delta, rho_r,
+    rho_b and tau2 are then nothing but their rounding allowances (proofs/S2.md, 'anchor bound'), re-derived
+    here at 50 digits (they come out within 1.5e-16 relative: a gamma_2 more or less is caught)."""
+    mpmath.mp.dps = 50
+    C, g = 4, (lambda n: _mp_gamma(n, F64))
+    S = torch.zeros(3, C, C, dtype=torch.complex128)
+    u1 = torch.zeros(3, C, dtype=torch.complex128)
+    v1 = torch.zeros(3, C, dtype=torch.complex128)
+    S[0, 0, 0], u1[0, 0], v1[0, 0] = 0.75, 1, 1
+    S[1, 1, 2], u1[1, 1], v1[1, 2] = 0.5j, 1j, 1  # S v1 = 0.5 i e2 = s1 u1
+    S[2, 3, 0], u1[2, 3], v1[2, 0] = 1.5, 1 + 2.0 ** -20, 1  # a non-unit u1: S v1 - s1 u1 = -1.5 2^-20 e4
+    s1 = torch.tensor([0.75, 0.5, 1.5], dtype=F64)
+    got = spectral.anchor_verification(S, s1, u1, v1, torch.zeros(3, dtype=F64))
+    for i in range(3):
+        z = lambda v: mpmath.mpc(complex(v))  # noqa: E731
+        Sm = [[z(S[i, a, b]) for b in range(C)] for a in range(C)]
+        um, vm, s = [z(x) for x in u1[i]], [z(x) for x in v1[i]], mpmath.mpf(float(s1[i]))
+        nu2, nv2 = mpmath.fsum(abs(x) ** 2 for x in um), mpmath.fsum(abs(x) ** 2 for x in vm)
+        delta = abs(nu2 - 1) + abs(nv2 - 1) + g(2 * C + 4) * (nu2 + nv2)
+        SF = mpmath.sqrt(mpmath.fsum(abs(x) ** 2 for row in Sm for x in row)) * (1 + g(2 * C * C + 4))
+        nu, nv = mpmath.sqrt(nu2 * (1 + g(2 * C + 4))), mpmath.sqrt(nv2 * (1 + g(2 * C + 4)))
+        Rv = [mpmath.fsum(Sm[a][b] * vm[b] for b in range(C)) - s * um[a] for a in range(C)]
+        Ru = [mpmath.fsum(mpmath.conj(Sm[b][a]) * um[b] for b in range(C)) - s * vm[a] for a in range(C)]
+        err = g(C + 4) * (SF * max(nu, nv) + s * max(nu, nv))
+        norm_up = lambda x: mpmath.sqrt(mpmath.fsum(abs(y) ** 2 for y in x)) * (1 + g(2 * C + 4))  # noqa: E731
+        rho_r = (norm_up(Rv) + err + s * delta) / (1 - delta) * (1 + g(4))
+        rho_b = (norm_up(Ru) + err + s * delta) / (1 - delta) * (1 + g(4))
+        # D = S - s1 u1 v1^* is computed exactly: 0 for the exact guesses, one entry -1.5 2^-20 for the last
+        D = abs(s * um[3] - Sm[3][0]) if i == 2 else 0
+        tau2 = (D + g(6) * (SF + s * nu * nv)) * (1 + g(2))
+        for key, ref in (("delta", delta), ("rho_r", rho_r), ("rho_b", rho_b), ("tau2", tau2)):
+            # tau2's ||D|| is a Cholesky-verified upper bound (within ~ n^2 u of the norm) where D != 0
+            assert _close(got[key][i], ref, 3e-16) or (key == "tau2" and i == 2 and ref <= float(got[key][i])
+                                                       <= ref * (1 + 1e-12)), (i, key, float(got[key][i]), ref)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_magnitude_and_dense_error_are_the_formulas_of_proofs_S2(dt):
+    """head_frobenius F_h = ||W_V,h||_F ||W_O,h||_F (1 + gamma_{2Cd+4}), magnitude B = sum_h F_h sum_m |alpha|
+    (1 + gamma_{M+h+2}) and dense_error (2 eps + eps^2 + gamma_{M+d+2C+8} + conversion + 4 N t) B at 50 digits
+    (proofs/S2.md, 'magnitude', 'Gram iteration'). The weights are dyadic with ||W_V,h||_F = ||W_O,h||_F = 1
+    exactly and sum |alpha| = 1/2 per head, so F_h and B are their formulas rounded once or twice, compared to half
+    an ulp."""
+    mpmath.mp.dps = 50
+    layer = random_layer(9, 2, 2, 2, dtype=F64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(0.5 * torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=F64).T)
+        layer.o_proj.weight.copy_(0.5 * torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=F64).T)
+        layer.alpha.copy_(torch.tensor([[0.25, -0.25], [0.375, 0.125]], dtype=F64))
+    p = spectral.ssog_params(layer, dtype=dt)
+    u, g = _mp_unit(dt), (lambda n: _mp_gamma(n, dt))
+    h, M = p.alpha.shape
+    C, d = p.dim, p.head_dim
+    F = p.head_frobenius()
+    for i in range(h):
+        assert abs(mpmath.mpf(float(F[i])) - (1 + g(2 * C * d + 4))) <= u, (i, float(F[i]))
+    B_ref = mpmath.fsum((1 + g(2 * C * d + 4)) * mpmath.fsum(abs(mpmath.mpf(float(a))) for a in p.alpha[i])
+                        for i in range(h)) * (1 + g(M + h + 2))
+    B = p.magnitude()
+    assert float(p.alpha.abs().sum()) == 1.0 and abs(B - B_ref) <= u, (B, B_ref)  # B = (1 + 2Cd u)(1 + (M + h + 2) u), rounded
+    # reading float64 weights into float32 is one rounding per entry: 3 gamma_3 (float32); none in float64
+    conv = 3 * g(3) if dt == torch.float32 else 0
+    assert _close(p.conversion_error, conv, 1e-12) if conv else p.conversion_error == 0.0
+    eps = max(_mp_tap_error(float(p.mu[i, m, ax]), float(p.sigma[i, m, ax]), dt)
+              for i in range(h) for m in range(M) for ax in range(2))
+    N = 12
+    ref = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + conv + 4 * N * _mp_tiny(dt)) * mpmath.mpf(B)
+    assert _close(spectral.dense_error(p, N), ref, 1e-10 if dt == F64 else 1e-5)
+
+
+@pytest.mark.parametrize("dt", [F64, torch.float32])
+def test_head_norm_allowance_is_the_formula_of_proofs_S2(dt):
+    """head_norms = norm2_upper(fl P_h) (1 + gamma_2) + (gamma_{d+2} + conversion) F_h ('head norms'), and the closed
+    form sum_h ||P_h|| sum_m |alpha| (1 + gamma_{M+h+2}), on weights whose head products cancel exactly
+    (W_V,h = [w, -w], W_O,h = [r; r], so P_h = w r^T - w r^T = 0 in floating point, ||W_V,h||_F = ||W_O,h||_F = 1):
+    what is left is the allowance alone, compared at 50 digits to a few ulps."""
+    mpmath.mp.dps = 50
+    layer = random_layer(9, 2, 2, 2, dtype=F64)
+    w = torch.tensor([[0.5, -0.5, 0, 0], [0.5, -0.5, 0, 0], [0, 0, 0.5, -0.5], [0, 0, 0.5, -0.5]], dtype=F64)
+    r = torch.tensor([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]], dtype=F64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(w.T)  # X @ W_V with W_V = v_proj.weight^T
+        layer.o_proj.weight.copy_(r.T)
+        layer.alpha.copy_(torch.tensor([[0.25, -0.25], [0.375, 0.125]], dtype=F64))
+    p = spectral.ssog_params(layer, dtype=dt)
+    assert float(p.head_projections().abs().max()) == 0.0
+    u, g = _mp_unit(dt), (lambda n: _mp_gamma(n, dt))
+    conv = 3 * g(3) if dt == torch.float32 else 0
+    F = 1 + g(2 * p.dim * p.head_dim + 4)
+    each = (g(p.head_dim + 2) + conv) * F
+    got = spectral.head_norms(p)
+    for i in range(p.num_heads):
+        assert abs(mpmath.mpf(float(got[i])) - each) <= 4 * u * each, (i, float(got[i]), each)
+    closed = (each * mpmath.mpf(0.5) * 2) * (1 + g(p.alpha.shape[1] + p.num_heads + 2))
+    assert abs(mpmath.mpf(spectral.closed_form_bound(p)) - closed) <= 8 * u * closed

@@ -776,6 +776,20 @@ def lanczos(A: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, steps: 
     return theta, v, k
 
 
+def interlacing_tail(fro: float, lam1: float, neg: float, m: int, eta: float, dtype) -> float:
+    """Lower bound, rounded down, on sum_{i=2..m} max(lambda_i(N), 0)^2 for the symmetric N whose compression
+    V^T N V to a computed n x m basis V has Frobenius norm >= fro, lambda_max <= lam1 and -lambda_min <= neg
+    (verified), with eta >= ||V^T V - I||_2; 0 where eta >= 1 (the basis proves nothing) or fro is not finite.
+
+    sum_{i=2..m} max(lambda_i(V^T N V), 0)^2 >= ||.||_F^2 - lambda_1^2 - (m - 1) neg^2 (|lambda_1| <= max(lam1, neg),
+    each negative eigenvalue's square <= neg^2); Ostrowski divides by (1 + eta)^2 to reach the orthonormal basis,
+    Cauchy interlacing reaches N (proofs/S2.md, 'Gram iteration'); gamma_4 per product for the rounding."""
+    g = lambda k: gaussian.gamma(k, dtype)  # noqa: E731
+    tail = (fro ** 2 * (1 - g(4)) - max(lam1, neg) ** 2 * (1 + g(4))
+            - (m - 1) * neg ** 2 * (1 + g(4)))
+    return max(tail, 0.0) / (1 + eta) ** 2 * (1 - g(4)) if eta < 1 and math.isfinite(tail) else 0.0
+
+
 def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[float, int]:
     """Certified ||T||_2 for the matrix T as stored, by Gram iteration (Delattre et al. 2023) with every
     rounding error carried: returns (bound, squarings used).
@@ -835,11 +849,7 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
                 lam1 = float(rounding.verified_lambda_max(Mh)) + eB  # >= lambda_1(V^T N V)
                 neg = max(float(rounding.verified_lambda_max(-Mh)) + eB, 0.0)  # >= -lambda_min(V^T N V)
             fro = max(float(Mh.norm()) * (1 - g(m * m + 2)) - eB, 0.0)  # <= ||V^T N V||_F
-            # sum_{i=2..m} max(lambda_i(V^T N V), 0)^2 >= ||.||_F^2 - lambda_1^2 - (m - 1) neg^2; Ostrowski divides
-            # by (1 + eta)^2 to reach the orthonormal basis, Cauchy interlacing reaches N (proofs/S2.md)
-            tail = (fro ** 2 * (1 - g(4)) - max(lam1, neg) ** 2 * (1 + g(4))  # |lambda_1| <= max(lam1, neg)
-                    - (m - 1) * neg ** 2 * (1 + g(4)))
-            tail = max(tail, 0.0) / (1 + eta) ** 2 * (1 - g(4)) if eta < 1 and math.isfinite(tail) else 0.0
+            tail = interlacing_tail(fro, lam1, neg, m, eta, dt)
             rest = F[-1] ** 2 * (1 + g(2)) - tail
             ritz_b = math.sqrt(max(rest, 0.0)) * (1 + g(4))
             break
