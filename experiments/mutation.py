@@ -119,6 +119,28 @@ SURVIVOR_REASONS = [
     ("lipcheck/wellposed/solve.py", r"^prepare$", r"\.to\(dtype=dtype\)|\.to\(device=None, dtype=dtype\)",
      "equivalent on a CPU-only machine: the model and images are already on the CPU, the only device (and with "
      "device=None the target is the model's own device), so moving them there changes nothing"),
+    ("lipcheck/wellposed/gronwall.py", r"token_speed_bound", r"\) - vec\(mixer\.o_proj\.bias\)",
+     "now killed by tests/test_wellposed.py::test_token_speed_bound_holds_where_the_output_bias_dominates (added "
+     "after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/certificate.py", r"aposteriori_certificate", r"token_speed_bound\(block, dtype=None,",
+     "computes the sampled certificate's token-speed constant in the model's own dtype instead of the requested one: "
+     "identical for float64 models (every caller and test); for a float32 model the constant moves by float32 "
+     "rounding. That certificate is the sampled (not interval-rigorous) one; the proven enclosure does not use it"),
+    ("lipcheck/wellposed/enclosure.py", r"SSoGField\.lognorm", r'lognorm_kind == "XXdenseXX"',
+     "now killed by tests/test_enclosure.py::test_ssog_field_pieces_against_the_block (the dense kind equals the "
+     "log-norm of autograd's Jacobian to 1e-9; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/enclosure.py", r"_bern_sup", r"// math\.factorial\(k\) / c\[k \+ d\]",
+     "now killed by tests/test_enclosure.py::test_bern_sup_bounds_the_derivative_and_is_exact_where_it_is_affine "
+     "(added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/enclosure.py", r"_enclose_direct", r'field\.lognorm\(yp, None, eps_J\)',
+     "equivalent: SSoGField.lognorm does not read its second argument (the variance floor enters through eps_J "
+     "and the field's constants)"),
+    ("lipcheck/wellposed/sweep.py", r"tolerance_sweep", r'runs\.append\(\{"MIXER": mixer',
+     "now killed by tests/test_wellposed.py::test_linear_sweep_reference_and_errors_match_expm (each run names its "
+     "mixer; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/sweep.py", r"convergence_summary", r"if finals is not None or len\(at\) > 1:",
+     "now killed by tests/test_wellposed.py::test_convergence_summary_recovers_known_orders (the spread with and "
+     "without final states; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/wellposed/solve.py", r"reference_solution", r"len\(history\) >= 4",
      "costs one more doubling: the round-off floor is declared one halving later; the reference is still converged "
      "and its error estimate is still the last change"),
@@ -133,8 +155,29 @@ SURVIVOR_REASONS = [
      "both 1 within a few u (each already rounded up)"),
     ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r'info\["lanczos_symbol_start"\] = dict\(',
      "equivalent for every bound: a diagnostic entry of result.info that no number is computed from"),
-    ("lipcheck/bounds/spectral.py", r"SymbolNorm\.bound", r"torch\.zeros\(0, dtype=None",
-     "equivalent: the branch returns an empty tensor (no frequencies), whose dtype no caller reads"),
+    ("lipcheck/bounds/spectral.py", r"SymbolNorm\.bound", r"torch\.zeros\(0, dtype=None|torch\.zeros\(0, device=c\.device\)",
+     "equivalent: the branch is unreachable (splitting any c, even an empty one, yields at least one chunk) and "
+     "would return an empty tensor, whose dtype no caller reads"),
+    ("lipcheck/bounds/spectral.py", r"ssog_params", r'"XXo_proj\.weightXX"\), raw\)',
+     "now killed by tests/test_bounds.py::test_bad_inputs_refused (each parameter's refusal names it; added after "
+     "this run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"SymbolNorm\.anchor_bound", r"\(2 \+ self\.p\.gamma\(2\)\)",
+     "now killed by tests/test_bounds.py::test_anchor_margins_are_the_formulas_of_proofs_S2 (now also far from the "
+     "anchors, where the first-order bound is the smaller; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r'method\["XXexactXX"\] = "not computed"',
+     "now killed by tests/test_bounds.py::test_bad_inputs_refused (result.method records that no exact value was "
+     "computed; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"_resolution_free", r'bar = tqdm\(total=None, desc="resolution-free sup"',
+     "equivalent for every bound: the progress bar's total only changes what tqdm prints to the terminal"),
+    ("lipcheck/bounds/spectral.py", r"gram_bound", r"best, used = math\.inf, [1-9]",
+     "equivalent: `used` is returned only with a finite best, and every finite candidate that becomes best sets it "
+     "(an infinite best is refused by _finite before anything is returned)"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"theta_err\(None\)",
+     "equivalent: theta_err's allowance gamma_{4n+8} B^2 depends on n and B only, not on its argument"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"phase = torch\.exp\(1j \* \(circ\.argmax\[0\] \* iy\[:, None\] - ",
+     "changes only the phase of the symbol-guided start vector on large grids: the lower bound is still an "
+     "attained ratio ||T v|| / ||v|| (a worse start only makes it smaller), and the random-start run still sets "
+     "the reported probabilistic bound"),
     ("lipcheck/bounds/lognorm.py", r"structured_lognorm", r"gamma\(k\.hidden - 2 \* k\.C \+ 16",
      "margin changed by O(u) relative (gamma of a smaller count): set by proofs/S5.md Lemma 4, not observable by a test"),
     ("lipcheck/bounds/lognorm.py", r"token_jacobians", r"torch\.ones\(C, device=x\.device\)",

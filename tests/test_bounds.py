@@ -447,6 +447,13 @@ def test_bad_inputs_refused():
         layer.v_proj.weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         ssog_lipschitz(layer, 4, 4)
+    # every parameter's refusal names that parameter (the fix a user needs)
+    for name in ("alpha", "mu", "sigma_raw", "v_proj.weight", "o_proj.weight"):
+        bad = random_layer(3, 1, 2, 2)
+        with torch.no_grad():
+            bad.get_parameter(name).view(-1)[0] = float("inf")
+        with pytest.raises(ValueError, match=r"parameter " + name.replace("_raw", "").replace(".", r"\.") + " has"):
+            ssog_lipschitz(bad, 4, 4)
     layer = random_layer(3, 1, 2, 2, log_sigma=(0.0, 1.0))
     for H, W in ((0, 4), (-2, 3), (3, 0)):
         with pytest.raises(ValueError, match="positive integer"):
@@ -462,7 +469,7 @@ def test_bad_inputs_refused():
     with pytest.raises(ValueError, match="float64 range"):
         ssog_lipschitz(big, 4, 4)
     r = ssog_lipschitz(layer, 60, 60, max_steps=20, rf_rtol=1e-3)  # N*C = 7200 > exact_max
-    assert r.exact is None and "exact_max" in r.exact_reason
+    assert r.exact is None and "exact_max" in r.exact_reason and r.method["exact"] == "not computed"
 
 
 def test_nan_inside_the_computation_is_refused(monkeypatch):
@@ -1043,16 +1050,18 @@ def test_anchor_margins_are_the_formulas_of_proofs_S2(monkeypatch, lie):
         assert _close(an["top"][j], ref_top, 4e-16) and _close(an["eS"][j], ref_eS, 4e-16)
         assert _close(top[j], ref_top + ref_eS, 4e-16)
     dirs = torch.complex(torch.randn(3, p.num_heads, generator=g, dtype=F64), torch.randn(3, p.num_heads, generator=g, dtype=F64))
-    two_was_smaller = 0
-    for t in (1e-3, 1e-2, 1.0):
+    two_was_smaller = first_was_smaller = 0
+    for t in (1e-3, 1e-2, 1.0, 10.0):
         c = c0[:1] + t * dirs
         got = sn.anchor_bound(c, an)
         for i in range(c.shape[0]):
             cands = [_mp_anchor_bound(sn, c[i], an, j) for j in range(2)]
             ref = min(min(two, first) + eS for two, first, eS in cands)
             two_was_smaller += min(cands, key=lambda x: min(x[0], x[1]) + x[2])[0] < min(cands, key=lambda x: min(x[0], x[1]) + x[2])[1]
+            first_was_smaller += min(cands[0][1], cands[1][1]) < min(cands[0][0], cands[1][0])
             assert _close(got[i], ref, 1e-15), (t, i, float(got[i]), ref)
-    assert two_was_smaller >= 3
+    # far from the anchors the first-order bound (top + D)(1 + gamma_2) is the smaller one: both branches pinned
+    assert two_was_smaller >= 3 and first_was_smaller >= 1
 
 
 def test_interlacing_tail_is_the_formula_of_proofs_S2():

@@ -493,10 +493,16 @@ def test_ssog_field_pieces_against_the_block():
     eps_F, eps_J = f.rounding(y, v)
     assert eps_F.shape == (3,) and (eps_F > 0).all() and 0 < eps_J < 1e-10
     mu = f.lognorm(y, v, 0.0)
+    mu_s = SSoGField(blk, 2, 2, lognorm="structured").lognorm(y, v, 0.0)
     for b in range(3):
         J = ln.dense_jacobian(blk, y[b]).numpy()
         assert np.linalg.eigvalsh((J + J.T) / 2).max() <= float(mu[b])
         assert np.linalg.norm(J, 2) <= f.lipschitz(v)
+        # the dense kind is the log-norm itself up to rounding (autograd's Jacobian, formed here); the structured one
+        # is a looser bound on this field
+        Jr = torch.autograd.functional.jacobian(lambda z: blk.vector_field(z[None])[0], y[b]).reshape(24, 24).numpy()
+        ref = np.linalg.eigvalsh((Jr + Jr.T) / 2).max()
+        assert ref <= float(mu[b]) <= ref + 1e-9 * (1 + abs(ref)) < float(mu_s[b])
 
 
 def test_max_per_step_boundary():
@@ -858,3 +864,23 @@ def test_one_failed_sample_leaves_the_other_proven():
     assert (err[:, 1] <= enc.radius[:, 1].numpy()).all()
     for x in (enc.t, enc.radius, enc.tube, enc.mu, enc.mu_point, enc.defect, enc.defect_sampled, enc.center):
         assert x.dtype == D
+
+
+def test_bern_sup_bounds_the_derivative_and_is_exact_where_it_is_affine():
+    """sup over the step of ||y^(d)|| for y(s) = sum_k c_k ((s - a) / h)^k: above the maximum over 2001 points of
+    the derivative formed here from the monomials, for d = 1..4; equal to it (up to rounding) where y^(d) is affine
+    in s (d = 3, 4), since an affine map attains its largest norm at an end of the step."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(11)
+    c = torch.randn(5, 2, 2, 2, 3, generator=g, dtype=D) * torch.tensor([1.0, 2.0, 3.0, 0.5, 0.25], dtype=D).reshape(5, 1, 1, 1, 1)
+    h = 0.3
+    sig = np.linspace(0.0, 1.0, 2001)
+    cn = c.reshape(5, 2, -1).numpy()
+    for d in (1, 2, 3, 4):
+        coef = {k: math.factorial(k) / math.factorial(k - d) / h ** d for k in range(d, 5)}
+        deriv = sum(coef[k] * cn[k][None] * sig[:, None, None] ** (k - d) for k in range(d, 5))  # (P, B, n)
+        sampled = np.linalg.norm(deriv, axis=-1).max(0)
+        got = E._bern_sup(c, h, d).numpy()
+        assert (got >= sampled).all(), (d, got, sampled)
+        if d >= 3:
+            assert np.allclose(got, sampled, rtol=1e-13, atol=0), (d, got, sampled)

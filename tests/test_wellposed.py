@@ -71,6 +71,7 @@ def test_linear_sweep_reference_and_errors_match_expm():
         assert abs(err.max() - r["error"]) <= 1e-11 + 1e-6 * r["error"], (r, err)
     tight = {r["method"]: r["error"] for r in res.runs if r["tol"] == 1e-10}
     assert tight["dopri5"] < 1e-8 and tight["dopri8"] < 1e-8
+    assert res.mixer == "ssog" and all(r["mixer"] == "ssog" for r in res.runs)
 
 
 def test_linear_gronwall_and_power_iteration_against_expm():
@@ -167,6 +168,22 @@ def test_token_speed_bound_holds(seed, mixer, scale):
     with torch.no_grad():
         speed = float(block.vector_field(x).norm(dim=-1).max())
     assert speed <= wp.token_speed_bound(block) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("mixer", ["ssog", "attention"])
+def test_token_speed_bound_holds_where_the_output_bias_dominates(mixer):
+    """With the mixer's output bias 100x the weights, every token's speed is about ||b_O||: a bound that
+    subtracts the bias (or drops it) falls below the speed actually measured."""
+    torch.manual_seed(3)
+    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=2, depth=1)
+    block = model.vector_field.block
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)
+        block.mixer.o_proj.bias.mul_(100)
+        speed = float(block.vector_field(torch.randn(3, 4, 4, 8, dtype=D)).norm(dim=-1).max())
+    bound = wp.token_speed_bound(block)
+    assert speed >= 0.5 * float(block.mixer.o_proj.bias.norm()) and speed <= bound * (1 + 1e-12)
 
 
 def test_quartic_fit_differentiates_exactly():
@@ -304,6 +321,14 @@ def test_convergence_summary_recovers_known_orders():
     assert rk["kind"] == "fixed" and abs(rk["slope"] - 4.0) < 1e-12
     assert np.allclose(rk["order_per_halving"], [4.0, 4.0], atol=1e-12)
     assert abs(s["slope"] - 0.8) < 1e-12 and s["tightest_tol"] == 1e-12 and s["max_error_at_tightest"] == 1e-13
+    assert s["spread"] is None  # no final states given
+    # the spread between methods at the tightest tolerance: the largest relative distance of their final states
+    two = runs + [dict(method="dopri8", tol=1e-12, steps=None, error=2e-13)]
+    assert wp.convergence_summary(two, reference_error=1e-14)["spread"] is None
+    x = torch.ones(1, 2, 2, 3, dtype=D)
+    finals = {("dopri5", 1e-12): x, ("dopri8", 1e-12): x * (1 + 1e-9)}
+    assert wp.convergence_summary(two, reference_error=1e-14, finals=finals)["spread"] == pytest.approx(1e-9, rel=1e-6)
+    assert wp.convergence_summary(runs, reference_error=1e-14, finals={("dopri5", 1e-12): x})["spread"] is None
 
 
 def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
