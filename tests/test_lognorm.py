@@ -312,3 +312,27 @@ def test_dense_jacobian_rounding_bound_is_lemma_four():
         f1 = math.sqrt(sum(float(torch.func.jacfwd(blk.norm1)(t).square().sum()) for t in toks))
         f2 = math.sqrt(sum(float(torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t).square().sum()) for t in toks))
         assert float(err[b]) == pytest.approx(4 * g * (dense.T_abs_norm * f1 + f2), rel=1e-10, abs=0)
+
+
+def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
+    """DenseLogNorm(y, 0) = lambda + err + u ||J||_F: the verified top eigenvalue lambda of (J + J^T) / 2, then the
+    allowance err for the formed Jacobian (jacobian()'s second output) and u ||J||_F, added on top, never subtracted
+    or shrunk. The verification is replaced by the eigensolver's own value here, so that the sum can be checked
+    to the last bit (with the verification its slack, ~1e-12, hides terms of 1e-13); that lambda itself is >= the
+    numpy eigenvalue of autograd's Jacobian."""
+    blk = random_block(6, heads=2, seed=5)
+    y = torch.randn(3, 2, 2, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    u = torch.finfo(torch.float64).eps / 2
+    honest = ln.DenseLogNorm(blk, 2, 2)(y, 0.0)
+    assert torch.equal(ln.dense_lognorm(blk, y, 0.0), honest)  # the one-call form: the same certified number
+    seen = {}
+    monkeypatch.setattr(ln, "verified_lambda_max", lambda S, lam: seen.setdefault("lam", lam))
+    dl = ln.DenseLogNorm(blk, 2, 2)
+    got = dl(y, 0.0)
+    J, err = dl.jacobian(y)
+    want = (seen["lam"] + err) + u * torch.linalg.matrix_norm(J)
+    assert torch.equal(got, want) and (err > 0).all()
+    for b in range(3):
+        Jr = torch.autograd.functional.jacobian(lambda z: blk.vector_field(z[None])[0], y[b]).reshape(24, 24).numpy()
+        ref = np.linalg.eigvalsh((Jr + Jr.T) / 2).max()
+        assert float(honest[b]) >= ref + float(err[b]) + u * np.linalg.norm(Jr)
