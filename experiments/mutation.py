@@ -172,6 +172,23 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/majorant.py", r"CellModel\.remainder", r"(?m)\) - rounding$",
      "unexplained (a test is missing): subtracts the O(u) rounding allowance of the linearised cell instead of "
      "adding it; only a test pinning the remainder's assembly to proofs/S2.md would see it"),
+    ("lipcheck/rounding.py", r"_real_gram", r"eG = gamma\(u\) \* F2",
+     "now killed by tests/test_lognorm.py::test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64 "
+     "(added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"return torch\.zeros\(batch, dtype=None,",
+     "now killed by tests/test_lognorm.py::test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64 "
+     "(added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"\(1 \+ gamma\(6, \)\)",
+     "equivalent: gamma's default unit roundoff is float64's, the u norm2_upper works in (every input is converted "
+     "to float64 first)"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"dtype=torch\.float64, \)",
+     "equivalent on a CPU-only machine: device=None means the default (CPU) device"),
+    ("lipcheck/bounds/network.py", r"_ln_constants", r"torch\.zeros\(C, dtype=None\)",
+     "equivalent: zeros are exact in every dtype and are converted to the certification dtype before use"),
+    ("lipcheck/bounds/network.py", r"mlp_lipschitz|mixer_lipschitz", r"\.to\(dtype=None, device=device\)|ssog_params\(mixer, device=device\)",
+     "changes only the precision the bound is computed in: the layer's own dtype (or float64) instead of the "
+     "requested one; identical for float64 layers certified in float64 (every caller), and otherwise still a "
+     "certified bound (higher precision under the margins of the lower)"),
     ("lipcheck/wellposed/gronwall.py", r"token_speed_bound", r"\) - vec\(mixer\.o_proj\.bias\)",
      "now killed by tests/test_wellposed.py::test_token_speed_bound_holds_where_the_output_bias_dominates (added "
      "after this run, checked by applying the mutant by hand)"),

@@ -336,3 +336,26 @@ def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
         Jr = torch.autograd.functional.jacobian(lambda z: blk.vector_field(z[None])[0], y[b]).reshape(24, 24).numpy()
         ref = np.linalg.eigvalsh((Jr + Jr.T) / 2).max()
         assert float(honest[b]) >= ref + float(err[b]) + u * np.linalg.norm(Jr)
+
+
+def test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64():
+    """_real_gram's e_G = gamma_{m+4} F2 + 8 (m + 2) n eta with F2 = sum |M_ij|^2 (1 + gamma_{mn+4}) (proofs/S2.md),
+    re-evaluated at 50 digits; and norm2_upper's early answers (no entries, all zero, NaN) are float64 like every
+    other answer."""
+    mpmath.mp.dps = 50
+    u = mpmath.mpf(2) ** -53
+    eta = mpmath.mpf(2) ** -1074
+    gam = lambda k: k * u / (1 - k * u)  # noqa: E731
+    g = torch.Generator().manual_seed(8)
+    for M in (torch.randn(5, 3, generator=g, dtype=torch.float64),
+              torch.complex(torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randn(4, 4, generator=g, dtype=torch.float64))):
+        m, n = M.shape
+        _, _, eG, F2 = rounding._real_gram(M)
+        f2 = mpmath.fsum(mpmath.mpf(float(x)) ** 2 for x in M.abs().reshape(-1)) * (1 + gam(m * n + 4))
+        assert abs(mpmath.mpf(float(F2)) / f2 - 1) < 1e-14
+        ref = gam(m + 4) * mpmath.mpf(float(F2)) + 8 * (m + 2) * n * eta
+        assert abs(mpmath.mpf(float(eG)) / ref - 1) < 1e-14
+    for M, want in ((torch.zeros(2, 0, 3, dtype=torch.float32), torch.zeros(2)), (torch.zeros(3, 2, 2), torch.zeros(3)),
+                    (torch.full((1, 2, 2), float("nan")), torch.full((1,), math.inf))):
+        got = rounding.norm2_upper(M)
+        assert got.dtype == torch.float64 and torch.equal(got, want.double())
