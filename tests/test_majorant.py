@@ -503,6 +503,11 @@ def test_cell_remainder_bounds_and_matches_taylor():
         assert worst <= bound, (w0, r, worst, bound)
     leading = 0.5 * abs(alpha) * (k ** 2 * gy).sum() * 0.02 ** 2
     assert leading * (1 - 1e-3) <= rem[0] <= leading * 1.01
+    # a cell of radius 0 keeps only the rounding of c(w0) and J: a positive allowance of at least gamma_6 |c(w0)|
+    # (|c(w0)| = |alpha| at w0 = 0), added to (never taken from) the Taylor term
+    u = np.finfo(np.float64).eps / 2
+    r0 = float(model.remainder(torch.zeros(1, 2, dtype=torch.float64))[0, 0])
+    assert 6 * u * abs(alpha) <= r0 < 1e-10
 
 
 @pytest.mark.parametrize("H,W", [(5, 7), (33, 32)])
