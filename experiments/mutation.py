@@ -1,6 +1,6 @@
 """Mutation testing of the certified code: do the tests tell a lying bound from a true one?
 
-    python experiments/mutation.py [--modules attention,gaussian,...] [--max-mutants 60] [--seed 0]
+    python experiments/mutation.py [--modules attention,gaussian,...] [--max-mutants 40] [--seed 0]
                                    [--max-children 2] [--timeout-multiplier 4] [--timeout-constant 10]
                                    [--update] [--report-only] [--merge JSON ...] [--docs DIR]
 
@@ -657,7 +657,7 @@ def main(argv=None):
     ap.add_argument("--max-children", type=int, default=2)
     ap.add_argument("--timeout-multiplier", type=float, default=4.0)
     ap.add_argument("--timeout-constant", type=float, default=10.0)
-    ap.add_argument("--max-mutants", type=int, default=60,
+    ap.add_argument("--max-mutants", type=int, default=40,
                     help="per group: run a seeded random sample of this many mutants (0: all of them)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the mutant sample")
     ap.add_argument("--update", action="store_true",
