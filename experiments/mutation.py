@@ -583,6 +583,14 @@ def reason_for(row: dict) -> str:
     return "unexplained: needs a test"
 
 
+def _rates(n: int, alive: int, eq: int, since: int) -> dict:
+    """Detected share; the mutation score proper (equivalent mutants are not faults, so they leave the
+    denominator); the score counting survivors killed by tests added since the run."""
+    return dict(kill_rate=round((n - alive) / n, 4) if n else None,
+                score=round((n - alive) / (n - eq), 4) if n > eq else None,
+                score_since=round((n - alive + since) / (n - eq), 4) if n > eq else None)
+
+
 def summarise(g: str, generated: int, rows: list[dict]) -> list[dict]:
     out = []
     for mod in sorted({r["module"] for r in rows}):
@@ -595,10 +603,7 @@ def summarise(g: str, generated: int, rows: list[dict]) -> list[dict]:
                         equivalent=(eq := sum(reason_for(r).startswith("equivalent") for r in alive)),
                         # survivors a test added after the run kills (each checked by applying the mutant by hand)
                         killed_since=(ks := sum(reason_for(r).startswith("now killed") for r in alive)),
-                        score_since=round((len(mine) - len(alive) + ks) / (len(mine) - eq), 4) if len(mine) > eq else None,
-                        kill_rate=round((len(mine) - len(alive)) / len(mine), 4) if mine else None,
-                        # the mutation score proper: equivalent mutants are not faults, so they leave the denominator
-                        score=round((len(mine) - len(alive)) / (len(mine) - eq), 4) if len(mine) > eq else None))
+                        **_rates(len(mine), len(alive), eq, ks)))
     return out
 
 
@@ -612,9 +617,7 @@ def group_totals(summary: list[dict]) -> list[dict]:
         out.append(dict(group=g, modules=[x["module"] for x in mine], generated=mine[0]["generated"], mutants=n,
                         killed=sum(x["killed"] for x in mine), timeout=sum(x["timeout"] for x in mine),
                         surviving=alive, explained=sum(x["explained"] for x in mine), equivalent=eq,
-                        kill_rate=round((n - alive) / n, 4) if n else None,
-                        score=round((n - alive) / (n - eq), 4) if n > eq else None, killed_since=ks,
-                        score_since=round((n - alive + ks) / (n - eq), 4) if n > eq else None))
+                        killed_since=ks, **_rates(n, alive, eq, ks)))
     return out
 
 
