@@ -1,6 +1,8 @@
 """Certified SSoG bounds (S1, S2) against dense SVDs, and vector-field bounds (S3) against Jacobian norms."""
+import dataclasses
 import math
 import os
+import sys
 
 import mpmath
 import numpy as np
@@ -874,6 +876,43 @@ def test_exact_value_in_the_subnormal_range_is_rounded_up():
     assert r.upper >= true and r.lower <= true
     assert r0.exact == pytest.approx(ref_norm(base, 3, 2), rel=1e-12)
 
+
+
+def test_circulant_bound_scaled_back_outward_in_the_subnormal_range():
+    """W_V and W_O times 2^-530 each (exact): the normalised operator is the same, so the circulant bound's two
+    sides are the unscaled ones times 2^-1060, subnormals. Rounded outward: upper never below and lower never
+    above the exact rational product, each within two subnormal steps of it."""
+    from fractions import Fraction as Fr
+    base = spectral.ssog_params(random_layer(23, 2, 2, 2))
+    small = dataclasses.replace(base, WV=base.WV * 2.0 ** -530, WO=base.WO * 2.0 ** -530)
+    mb, ms = spectral.circulant_bound(base, 3, 2), spectral.circulant_bound(small, 3, 2)
+    scale, tiny = Fr(2) ** -1060, Fr(2) ** -1074
+    assert 0 < ms.lower <= ms.upper < 2.2250738585072014e-308
+    assert Fr(mb.upper) * scale <= Fr(ms.upper) <= Fr(mb.upper) * scale + 2 * tiny
+    assert Fr(mb.lower) * scale - 2 * tiny <= Fr(ms.lower) <= Fr(mb.lower) * scale
+
+
+@pytest.mark.parametrize("up", [True, False])
+def test_scale_back_refuses_nan_and_rounds_outward(up):
+    """_scale_back is the one place every bound leaves the normalised scale: NaN is refused in both directions,
+    -inf/inf as a lower bound too; a subnormal result moves away from the exact value v 2^e (checked in exact
+    rationals), an overflowing upper bound is refused and an overflowing lower one is the largest float."""
+    from fractions import Fraction as Fr
+    with pytest.raises(ValueError, match="not certified"):
+        spectral._scale_back(math.nan, 3, up=up)
+    v, e = 1.2345678901234567, -1070
+    r = spectral._scale_back(v, e, up=up)
+    exact = Fr(v) * Fr(2) ** e
+    assert (Fr(r) >= exact) if up else (Fr(r) <= exact)
+    assert abs(Fr(r) - exact) <= 2 * Fr(2) ** -1074
+    assert spectral._scale_back(v, 5, up=up) == v * 32  # exact in the normal range
+    if up:
+        with pytest.raises(ValueError, match="exceeds the float64 range"):
+            spectral._scale_back(v, 1100, up=True)
+    else:
+        with pytest.raises(ValueError, match="not certified"):
+            spectral._scale_back(math.inf, 0, up=False)
+        assert spectral._scale_back(v, 1100, up=False) == sys.float_info.max
 
 # ------------------------------------------------------------------ rounding allowances pinned to proofs/S2.md
 # A margin lowered by O(u) leaves every bound true on the inputs a test can draw (the rounding that actually

@@ -562,3 +562,37 @@ def test_corner_bounds_pick_the_anchor_nearest_in_the_symbol():
     kb = model.corner_bounds(c, torch.zeros(1, 2, 2, dtype=torch.complex128),
                              torch.full((1, 2), 1e-12, dtype=torch.float64), nearest=1).numpy()
     assert (kb >= exact * (1 - 1e-12)).all() and (kb <= exact * 1.01).all(), (kb, exact)
+
+
+def test_final_bound_covers_its_certified_parts_exactly():
+    """upper is the real sum mu + margin rounded up: in exact rationals it is never below that sum (a final
+    rounding to nearest, or downward, loses up to an ulp and with it the certificate), and mu is at least the
+    stored Toeplitz matrix's top eigenvalue computed densely here."""
+    from fractions import Fraction as Fr
+    H, W = 3, 4
+    p, _ = _one_head_positive()
+    m = mj.toeplitz_majorant(p, H, W, rtol=1e-2, max_rounds=40)
+    mu = m.info["certified_eigenvalue"]
+    assert Fr(m.upper) >= Fr(mu) + Fr(m.margin)
+    assert m.upper <= (mu + m.margin) * (1 + 1e-15)
+    cells = m.info["cells"]
+    t, _ = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
+    lam = float(np.linalg.eigvalsh(mj.dense_toeplitz(t, H, W).numpy()).max()) * 2.0 ** cells["log2_scale"]
+    assert lam <= mu <= lam * (1 + 1e-6)
+
+
+def test_scale_back_rounds_outward_in_the_subnormal_range():
+    """W_V and W_O times 2^-530 each (exact): the normalised operator is the same, so the bound is the unscaled
+    one times 2^-1060, a subnormal. It must be rounded outward there: upper never below, estimate never above,
+    the exact rational product, and within two subnormal steps of it."""
+    from fractions import Fraction as Fr
+    H, W = 3, 4
+    p, _ = _one_head_positive()
+    q = SSoGParams(p.alpha, p.mu, p.sigma, p.WV * 2.0 ** -530, p.WO * 2.0 ** -530)
+    mb = mj.toeplitz_majorant(p, H, W, rtol=1e-2, max_rounds=40)
+    ms = mj.toeplitz_majorant(q, H, W, rtol=1e-2, max_rounds=40)
+    scale, tiny = Fr(2) ** -1060, Fr(2) ** -1074
+    assert 0 < ms.upper < 2.2250738585072014e-308
+    assert Fr(mb.upper) * scale <= Fr(ms.upper) <= Fr(mb.upper) * scale + 2 * tiny
+    assert Fr(mb.estimate) * scale - 2 * tiny <= Fr(ms.estimate) <= Fr(mb.estimate) * scale
+    assert Fr(ms.margin) >= Fr(mb.margin) * scale

@@ -34,7 +34,9 @@ MAX_LEVELS = 64  # at most this many halvings of a cell (far below any useful wi
 @dataclasses.dataclass
 class MajorantBound:
     """upper >= ||T||_2 (certified); estimate = lambda_max of the envelope's Toeplitz matrix before margins;
-    cells: rectangles in the envelope; anchors: exact SVDs of S(w); rounds: refinement rounds."""
+    cells: rectangles in the envelope; anchors: exact SVDs of S(w); rounds: refinement rounds; info holds the cells,
+    certified_eigenvalue (mu >= lambda_max of the stored Toeplitz matrix, Cholesky-checked; upper = (mu + margin)
+    rounded up), symbol_max_upper and excess_estimate."""
     upper: float
     estimate: float
     cells: int
@@ -416,6 +418,7 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
                          seconds=time.perf_counter() - t0, margin=sp._scale_back(margin, e, up=True),
                          info=dict(cells=dict(centre=w, half_width=h, coefficients=bilinear_coefficients(kb, rho),
                                               log2_scale=e),
+                                   certified_eigenvalue=sp._scale_back(mu, e, up=True),
                                    symbol_max_upper=sp._scale_back(float((kb.max(-1).values + rho).max()), e, up=True),
                                    excess_estimate=sp._scale_back(
                                        float((mass * (kb.mean(-1) + rho - cb).clamp_min(0)).sum()), e, up=True)))
