@@ -906,6 +906,7 @@ def test_scale_back_refuses_nan_and_rounds_outward(up):
     assert (Fr(r) >= exact) if up else (Fr(r) <= exact)
     assert abs(Fr(r) - exact) <= 2 * Fr(2) ** -1074
     assert spectral._scale_back(v, 5, up=up) == v * 32  # exact in the normal range
+    assert spectral._scale_back(1.0, -3, up=up) == 0.125 and spectral._scale_back(0.0, -3000, up=up) == 0.0
     if up:
         with pytest.raises(ValueError, match="exceeds the float64 range"):
             spectral._scale_back(v, 1100, up=True)
@@ -913,6 +914,38 @@ def test_scale_back_refuses_nan_and_rounds_outward(up):
         with pytest.raises(ValueError, match="not certified"):
             spectral._scale_back(math.inf, 0, up=False)
         assert spectral._scale_back(v, 1100, up=False) == sys.float_info.max
+
+
+@pytest.mark.parametrize("ea,ev,eo", [(0, 0, 0), (10, 0, 0), (0, -7, 0), (0, 0, 300), (-500, 3, -200)])
+def test_normalised_moves_every_scale_out_exactly(ea, ev, eo):
+    """alpha, W_V, W_O times 2^ea, 2^ev, 2^eo (each alone or together): the normalised copy has max|alpha|,
+    max|W_V|, max|W_O| in [1/2, 1), the same mu and sigma, entries equal to the originals times powers of two,
+    and log2_scale the sum of the three exponents taken out."""
+    base = spectral.ssog_params(random_layer(5, 2, 2, 2))
+    b = spectral.normalised(base)  # reference point: every maximum already in [1/2, 1)
+    for t in (b.alpha, b.WV, b.WO):
+        assert 0.5 <= float(t.abs().max()) < 1
+    p = dataclasses.replace(b, alpha=b.alpha * 2.0 ** ea, WV=b.WV * 2.0 ** ev, WO=b.WO * 2.0 ** eo)
+    q = spectral.normalised(p)
+    assert torch.equal(q.alpha, b.alpha) and torch.equal(q.WV, b.WV) and torch.equal(q.WO, b.WO)
+    assert torch.equal(q.mu, b.mu) and torch.equal(q.sigma, b.sigma)
+    assert q.log2_scale == b.log2_scale + ea + ev + eo
+
+
+def test_certified_max_points_default_tolerance():
+    """Over a 25 x 25 grid of frequencies (3 heads; a tolerance of 1 would stop 28% loose there) the default rtol is
+    1e-9: the certified maximum is within 1e-9 of an attained ||S(w)||, both against the largest singular value of
+    S(w) over every point, computed here."""
+    q = spectral.normalised(spectral.ssog_params(random_layer(3, 3, 4, 3)))
+    wy = 2 * math.pi * torch.arange(25, dtype=F64) / 25
+    wx = 2 * math.pi * torch.arange(25, dtype=F64) / 25
+    w = torch.stack(torch.meshgrid(wy, wx, indexing="ij"), -1).reshape(-1, 2)
+    c = spectral.symbol_coefficients(q, w[:, 0], w[:, 1])
+    sn = spectral.SymbolNorm(q)
+    m = spectral.certified_max_points(sn, c, w)
+    ref = float(torch.linalg.matrix_norm(sn.matrix(c), ord=2).max())
+    assert m.lower <= ref * (1 + 1e-12) and m.upper >= ref * (1 - 1e-12)
+    assert m.upper <= m.lower * (1 + 1e-9) + 1e-15 and m.num_points == 625
 
 # ------------------------------------------------------------------ rounding allowances pinned to proofs/S2.md
 # A margin lowered by O(u) leaves every bound true on the inputs a test can draw (the rounding that actually
