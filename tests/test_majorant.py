@@ -336,6 +336,29 @@ def test_coefficient_rounding_bound_against_proof(dt, H, W, J):
     assert ref <= err <= ref * (1 + 2 * _gamma(4 * J + 8, u) + _gamma(32, _u(torch.float64)))
 
 
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+def test_coefficient_rounding_bound_carries_the_sum_allowance(dt):
+    """With J = 3000 cells the computed V1 (a sum of 3000 terms) carries the factor 1 + gamma_{4J+8} for its own
+    rounding (proofs/S2.md): e_t is at least the 50-digit proof value times 1 + gamma_{4J+8} / 2. The rounding that
+    actually occurs in the sum is orders of magnitude below gamma_{4J+8}, so an allowance without that factor would
+    land below this line."""
+    mpmath.mp.dps = 50
+    H, W, J = 4, 3, 3000
+    g = torch.Generator().manual_seed(17)
+    a = (torch.rand(J, 2, 2, generator=g, dtype=torch.float64) - 0.3).to(dt)
+    w = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 2).to(dt)
+    h = (torch.rand(J, 2, generator=g, dtype=torch.float64) * 0.5).to(dt)
+    _, err = mj.toeplitz_coefficients(a, w, h, H, W)
+    u = _u(dt)
+    A, hh = a.double().abs().sum((1, 2)).tolist(), h.double().tolist()
+    V1 = 2 / mpmath.pi ** 2 * mpmath.fsum(mpmath.mpf(A[j]) * mpmath.mpf(hh[j][0]) * mpmath.mpf(hh[j][1])
+                                          for j in range(J))
+    dy = _phase_error(H - 1, u) + _gamma(10, u) + _psi_error(u)
+    dx = _phase_error(W - 1, u) + _gamma(10, u) + _psi_error(u)
+    ref = V1 * ((1 + dy) * (1 + dx) * (1 + _gamma(8 * J + 8, u)) - 1) + 32 * J * mpmath.mpf(torch.finfo(dt).smallest_normal)
+    assert ref * (1 + _gamma(4 * J + 8, u) / 2) <= err <= ref * (1 + 2 * _gamma(4 * J + 8, u) + _gamma(32, _u(torch.float64)))
+
 def test_bilinear_coefficients_against_exact_interpolation():
     """a[p, q] against the bilinear interpolant of the corner values in exact rationals (proofs/S2.md, 'Envelope'):
     a10, a01, a11 are the exact differences (dyadic inputs: no rounding), the envelope takes the corner values
@@ -414,6 +437,18 @@ def test_tight_on_a_positive_symbol_and_margin_assembled_as_in_proof():
     smax = 0.8 * np.linalg.norm(p.WV.numpy() @ p.WO.numpy(), 2)
     assert smax <= m.info["symbol_max_upper"] <= smax * (1 + 0.05)
 
+
+@pytest.mark.parametrize("H,W,rounds", [(3, 4, 0), (3, 4, 3), (8, 8, 1)])
+def test_excess_estimate_tracks_the_true_excess(H, W, rounds):
+    """info['excess_estimate'] (mass-weighted envelope slack over s(w), remainder included) estimates how far the
+    envelope's lambda_max lies above ||T||. On the factorised positive case, where ||T|| is known exactly (1-D
+    Toeplitz norms times ||P||), it is within a factor 1.5 of estimate - ||T|| from the coarse start (excess ~0.3)
+    to a refined envelope (excess ~0.006); measured 0.83-0.94 of it."""
+    p, exact_of = _one_head_positive()
+    m = mj.toeplitz_majorant(p, H, W, max_rounds=rounds, rtol=1e-4)
+    true_excess = m.estimate - exact_of(H, W)
+    assert true_excess > 0
+    assert true_excess / 1.5 <= m.info["excess_estimate"] <= true_excess * 1.5
 
 def test_scale_moved_out_and_back():
     """Weights far from unit scale (alpha * 37, W_O / 1024, not powers of two): the operator scales by 37/1024 and
@@ -509,6 +544,27 @@ def test_cell_remainder_bounds_and_matches_taylor():
     r0 = float(model.remainder(torch.zeros(1, 2, dtype=torch.float64))[0, 0])
     assert 6 * u * abs(alpha) <= r0 < 1e-10
 
+
+def test_cell_remainder_cross_term_with_shifted_kernels():
+    """Shifted kernels (mu = (3, 1), sigma = 0.5) make c(w) nearly alpha e^{-i(3 wy + wx)}: on the cell of half
+    widths (0.01, 0.03) both axes move the phase equally, so the mixed derivative carries a third of the Taylor
+    remainder. The bound (1/2) sum |alpha| (D2y ry^2 + 2 D1y D1x ry rx + D2x rx^2) holds against the remainder summed
+    here from the taps on a 21 x 21 sample of the cell, and is within 0.1% of it."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(6)
+    WV, WO = rng.standard_normal((2, 2)), rng.standard_normal((2, 2))
+    alpha, (my, mx), sig, r = -0.8, (3.0, 1.0), 0.5, (0.01, 0.03)
+    q = sp.normalised(params([[alpha]], [[[my, mx]]], [[[sig, sig]]], WV, WO))
+    rem = float(mj.CellModel(q, sp.SymbolNorm(q)).remainder(torch.tensor([r], dtype=torch.float64))[0, 0])
+    k = np.arange(-60, 61)
+    gy, gx = taps(k, my, sig), taps(k, mx, sig)
+    G = lambda g, w: (g * np.exp(-1j * k * w)).sum()  # noqa: E731
+    dG = lambda g, w: (-1j * k * g * np.exp(-1j * k * w)).sum()  # noqa: E731
+    c0, J0 = alpha * G(gy, 0) * G(gx, 0), alpha * np.array([dG(gy, 0) * G(gx, 0), G(gy, 0) * dG(gx, 0)])
+    s = np.linspace(-1, 1, 21)
+    worst = max(abs(alpha * G(gy, a * r[0]) * G(gx, b * r[1]) - c0 - J0 @ np.array([a * r[0], b * r[1]]))
+                for a in s for b in s)
+    assert worst <= rem <= worst * 1.001
 
 @pytest.mark.parametrize("H,W", [(5, 7), (33, 32)])
 def test_top_eigenpair_against_numpy(H, W):
