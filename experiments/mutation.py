@@ -251,6 +251,17 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/majorant.py", r"toeplitz_majorant", r"kb\.mean\(-1\) - rho - cb\)\.clamp_min\(0\)\)\.sum\(\)",
      "now killed by tests/test_majorant.py::test_excess_estimate_tracks_the_true_excess (added after this run, "
      "checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"_resolution_free", r"cb = torch\.minimum\(cb, sn\.bound\(c, None\)\)",
+     "efficiency only: every anchor instead of the newest ones (a tighter or equal cell bound at more cost); any "
+     "subset of anchors gives a certified bound"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"r \* \(1 - q\.gamma\([3-9] \* n \+ 4\)\)",
+     "loosens: a larger relative allowance subtracted from the lower bound, which stays below ||T||"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"\+ W \+ 8\) / B",
+     "now killed by tests/test_bounds.py::test_result_records_its_margins_and_diagnostics (result.margins records "
+     "apply_error, pinned to proofs/S2.md at 50 digits; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/spectral.py", r"_check_grid_size", r'\(\("h", H\)',
+     "now killed by tests/test_bounds.py::test_bad_grid_size_names_the_argument (added after this run, checked by "
+     "applying the mutant by hand)"),
     ("lipcheck/wellposed/gronwall.py", r"perturbation_growth", r"\(grid is None\) and False|\"XXgridXX\"",
      "unexplained (a test is missing): the default grid (auto_grid) path or the report key of perturbation_growth"),
     ("lipcheck/wellposed/solve.py", r"reference_solution", r"n > min_steps\)",

@@ -809,6 +809,8 @@ def test_result_records_its_margins_and_diagnostics():
     assert _close(m["tap_relative_error"], eps, 1e-13)
     dense = (2 * eps + eps ** 2 + g(M + d + 2 * C + 8) + 4 * H * W * _mp_tiny(F64)) * B
     assert _close(m["dense_error"], dense, 1e-10)
+    # what the lower bound subtracts for the fast operator's rounding (proofs/S2.md, 'Lower bound')
+    assert _close(m["apply_error"], dense + g(2 * C + H * M + W + 8) * B, 1e-10)
     assert set(r.method) == {"closed_form", "resolution_free", "circulant", "gram", "exact", "lower",
                              "upper_probabilistic"} and r.exact_reason is None
     assert r.lower <= exact <= r.upper <= min(r.gram, r.circulant, r.resolution_free, r.closed_form)
@@ -946,6 +948,13 @@ def test_certified_max_points_default_tolerance():
     ref = float(torch.linalg.matrix_norm(sn.matrix(c), ord=2).max())
     assert m.lower <= ref * (1 + 1e-12) and m.upper >= ref * (1 - 1e-12)
     assert m.upper <= m.lower * (1 + 1e-9) + 1e-15 and m.num_points == 625
+
+
+@pytest.mark.parametrize("H,W,name", [(0, 3, "H"), (-2, 3, "H"), (2.0, 3, "H"), (3, 0, "W"), (3, True, "W")])
+def test_bad_grid_size_names_the_argument(H, W, name):
+    """A grid of zero, negative or non-integer size is refused with a ValueError naming the argument to fix."""
+    with pytest.raises(ValueError, match=rf"^{name} must be a positive integer grid size"):
+        ssog_lipschitz(random_layer(1, 1, 1, 2), H, W)
 
 # ------------------------------------------------------------------ rounding allowances pinned to proofs/S2.md
 # A margin lowered by O(u) leaves every bound true on the inputs a test can draw (the rounding that actually

@@ -1026,6 +1026,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     steps_cap = int(max(2, min(max_steps, memory_bytes // (8 * n))))
     # ||fl(T v) - T v|| <= (dense_err + gamma_n-rounding of the norms) ||v||: the lower bound subtracts it
     apply_err = dense_err + q.gamma(2 * C + H * q.alpha.shape[1] + W + 8) * B
+    margins["apply_error"] = _scale_back(apply_err, e2, up=True)
 
     def lower_of(v):
         r = float(apply_T(v, q).norm() / v.norm())
