@@ -884,3 +884,495 @@ def test_bern_sup_bounds_the_derivative_and_is_exact_where_it_is_affine():
         assert (got >= sampled).all(), (d, got, sampled)
         if d >= 3:
             assert np.allclose(got, sampled, rtol=1e-13, atol=0), (d, got, sampled)
+
+
+# ------------------------------------------------ records, keys and paths that callers read (found by mutation tests)
+
+def _lam_max(A):
+    return float(np.linalg.eigvalsh((A + A.T) / 2).max())
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_failed_interval_records_the_tube_and_lognorm_it_checked():
+    """Where the tube check fails, .tube and .mu keep the tube radius checked and the log-norm bound over it (the
+    failed bootstrap's record), not NaN: for x' = A x that log-norm is lambda_max((A + A^T) / 2) up to the
+    verification margin (numpy), and the reason quotes it. A fixed tube (1e-14) and the bootstrap capped at max_tube
+    (the largest radius tried is the cap), direct and reference method; the closing interval to t1 records nothing
+    but its centre y(t1)."""
+    A, x0 = _linear_case()
+    lam = _lam_max(A)
+    wrong = LinearField(A + 0.5 * np.eye(A.shape[0]))  # the solver integrates another field: no tube <= 1e-3 holds
+    for kw, rho in ((dict(tube=1e-14), 1e-14), (dict(solver_field=wrong, max_tube=1e-3), 1e-3)):
+        for ref in (dict(ref_tol=None), dict()):
+            enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, **kw, **ref)
+            assert not enc.proven.any() and len(enc.t) == 3, (kw, ref)  # the first interval fails
+            assert enc.tube[0].tolist() == [rho, rho]
+            mu = enc.mu[0].numpy()
+            assert ((lam <= mu) & (mu <= lam + 1e-9 * (1 + abs(lam)))).all(), (mu, lam)
+            assert all(f"(log-norm over the tube {float(m):.4g})" in r for m, r in zip(mu, enc.reason))
+            assert torch.isnan(enc.mu[1]).all() and torch.isnan(enc.tube[1]).all()
+            # the closing interval's centre is y(t1), the end of the solver's last step (within 10 tol of expm of the
+            # field the solver integrated)
+            ex = _expm_solution(A + 0.5 * np.eye(A.shape[0]) if "solver_field" in kw else A, x0, [1.0])[0]
+            assert np.abs(enc.center[-1].reshape(2, -1).numpy() - ex).max() <= 1e-5
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_point_lognorms_are_those_at_the_reported_centres():
+    """.mu_point[p] is the verified mu_2(J_F) at .center[p], the first at y(0): at most 1e-9 above the exact value
+    (numpy's eigvalsh of the symmetric part of the Jacobian at that centre) on a tanh neural ODE whose log-norm
+    changes along the trajectory. The log-norm over each interval's tube is the larger end value plus curvature times
+    (tube + drift), the drift term at most mu_slack."""
+    f = TanhField(4, 6, seed=3, scale=1.5)
+    x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
+    enc = wp.enclose_field(f, x0, 1.0, tol=1e-5, ref_tol=None)
+    assert enc.proven.all() and enc.mu_point.shape == enc.radius.shape == (len(enc.t), 2)
+    J, _ = f.jacobian(enc.center.reshape(-1, 1, 1, 4))
+    exact = np.linalg.eigvalsh(((J + J.transpose(-1, -2)) / 2).numpy()).max(-1).reshape(len(enc.t), 2)
+    got = enc.mu_point.numpy()
+    assert (exact <= got).all() and (got <= exact + 1e-9).all(), np.abs(got - exact).max()
+    assert np.abs(np.diff(exact, axis=0)).min() > 1e-6  # neighbouring centres have visibly different log-norms
+    # over each interval's tube: the larger end value + curvature (tube + token drift), the sub-intervals short enough
+    # that the drift term is at most mu_slack (0.25, the default)
+    excess = enc.mu.numpy() - np.maximum(got[:-1], got[1:]) - f.curvature(0.0) * enc.tube.numpy()
+    assert (excess >= 0).all() and excess.max() <= 0.25 * (1 + 1e-9), excess.max()
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_reference_solves_are_made_at_ref_tol(monkeypatch):
+    """Theorem 6's y_ref is a solve at ref_tol (auto: tol * 1e-3): the first solve is y's at tol, every reference
+    solve (also the re-solve on a finer step grid, t1 / K, when its defect is above the target) gets ref_tol, and the
+    reference centres are within 10 ref_tol of expm (y's error is ~1e-5)."""
+    from lipcheck.wellposed import enclosure as E
+    calls, real = [], E.piecewise_quartic
+
+    def spy(*args, **kw):
+        calls.append((kw.get("tol"), kw.get("grid_steps")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(E, "piecewise_quartic", spy)
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-5)
+    rt = enc.stats["ref_tol"]
+    assert rt == pytest.approx(1e-8) and calls[0] == (1e-5, None) and len(calls) >= 3  # this case re-solves
+    assert all(tol == rt for tol, _ in calls[1:]) and calls[-1][1] is not None
+    K = calls[-1][1]
+    assert enc.stats["reference"]["steps"] >= K  # the re-solve steps to every multiple of t1 / K
+    ex = _expm_solution(A, x0, enc.t.tolist())
+    err_ref = np.linalg.norm(ex - enc.reference.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    err_y = np.linalg.norm(ex - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
+    assert err_ref.max() <= 10 * rt and err_ref.max() < 1e-3 * err_y.max(), (err_ref.max(), err_y.max())
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_summary_reports_distance_and_reference_radius_at_t1():
+    """summary() of the reference method: distance_t1 is the last row of .distance (the proven sup ||y - y_ref||),
+    r_ref_t1 the reference radius there, and radius_t1 their sum rounded up (Theorem 6: r = D + r_ref, times
+    1 + 4u), method_kind 'reference' with its ref_tol, the step counts of y; the direct method has no distance."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7)
+    s = enc.summary()
+    assert s["distance_t1"] == enc.distance[-1].tolist() and s["distance_max"] == enc.distance.amax(0).tolist()
+    assert s["r_ref_t1"] == enc.reference.radius[-1].tolist() and s["radius_t1"] == enc.radius[-1].tolist()
+    want = enc.distance + enc.reference.radius  # rounded to nearest
+    assert (enc.radius >= want).all() and (enc.radius <= want * (1 + 8 * U)).all()
+    assert all(d > 0 for d in s["distance_t1"])
+    yr = enc.reference.center[-1].reshape(2, -1).numpy()
+    assert (np.linalg.norm(enc.center[-1].reshape(2, -1).numpy() - yr, axis=-1) <= s["distance_t1"]).all()
+    assert s["method_kind"] == "reference" and s["ref_tol"] == 1e-7 and s["tol"] == 1e-4
+    # the step counts are y's (the user's solve); the reference's are under "reference"
+    assert s["steps"] == s["accepted"] == len(enc.steps) == len(s["step_sizes"]) < s["reference"]["steps"]
+    direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=None).summary()
+    assert "method_kind" not in direct and "ref_tol" not in direct
+    assert direct["distance_t1"] is None and direct["radius_t1"] == direct["radius"][0][-1:] + direct["radius"][1][-1:]
+
+
+def test_distance_keeps_a_whole_piece_whose_bound_is_within_one_percent():
+    """proofs/S5.md, Theorem 6: pieces are halved only while the Bernstein bound exceeds the largest node value by
+    more than 1 %. y - y_ref = (1 + 0.02 s (1 - s)) e: nodes' largest value 1.005 (at s = 1/2, also the true sup),
+    Bernstein coefficients 1 + 0.02 (j/4 - j (j - 1)/12), largest 1 + 0.02/3 (exact rationals): within 1 %, so the
+    proven distance is that whole-step bound plus the rounding allowance (< 1e-12), not a halved, tighter one."""
+    from fractions import Fraction as Fr
+    from lipcheck.wellposed import enclosure as E
+    e = torch.tensor([0.6, 0.0, 0.8], dtype=D)
+    pc = [1.0, 0.02, -0.02, 0.0, 0.0]
+    c = torch.stack([v * e for v in pc]).reshape(5, 1, 1, 1, 3)
+    steps = [(0.0, 1.0)]
+    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[torch.zeros_like(c)], spans=[(0, 0, 8, 8)]), D)
+    a = [Fr(x) for x in pc]
+    bern = max(sum(Fr(math.comb(j, k), math.comb(4, k)) * a[k] for k in range(j + 1)) for j in range(5))
+    bmax = float(bern) * float(e.norm())
+    assert 0 <= float(dist[1, 0]) - bmax <= 1e-12, (float(dist[1, 0]), bmax)
+    assert float(dist[1, 0]) <= 1.01 * 1.005 and float(dist[0, 0]) == pytest.approx(1.0, abs=1e-12)
+
+
+def _mp_recurrence(r0, d, tau, mu):
+    """Theorem 5's scalar recurrence at 50 digits: r_{i+1} = r_i e^{mu tau} + d_i tau phi(mu tau), phi(z) = (e^z - 1)/z
+    (phi(0) = 1); returns every r_i, the start included."""
+    with mpmath.workdps(50):
+        z = mpmath.mpf(mu) * mpmath.mpf(tau)
+        phi = mpmath.expm1(z) / z if mu != 0 else mpmath.mpf(1)
+        out = [mpmath.mpf(r0)]
+        for di in d:
+            out.append(out[-1] * mpmath.exp(z) + mpmath.mpf(di) * mpmath.mpf(tau) * phi)
+    return out
+
+
+def test_propagate_is_the_scalar_recurrence_in_ball_arithmetic():
+    """_propagate against the recurrence at 50 digits (mpmath): the end ball contains r_n and the sup is the largest
+    r_i, the start included (it is the largest where mu < 0 and the defect is small), rounded up by at most 1e-14."""
+    from lipcheck.wellposed import enclosure as E
+    flint = E._arb()
+    d = [1e-3, 5e-4, 2e-3, 0.0]
+    for mu, r0, tau in ((0.7, 1e-6, 0.05), (-3.0, 1e-2, 0.1), (0.0, 1e-6, 0.05), (12.0, 0.0, 0.2)):
+        end, sup = E._propagate(flint, flint.arb(r0), d, tau, mu)
+        want = _mp_recurrence(r0, d, tau, mu)
+        lo, hi = mpmath.mpf(float(end.lower())), mpmath.mpf(float(end.upper()))
+        assert lo <= want[-1] * (1 + 1e-15) and want[-1] * (1 - 1e-15) <= hi and hi - lo <= 1e-13 * want[-1]
+        top = max(want)
+        s = mpmath.mpf(float(sup.upper()))
+        assert top <= s <= top * (1 + 1e-14), (mu, float(top), float(s))
+    _, sup = E._propagate(flint, flint.arb(1e-2), [1e-6], 0.1, -3.0)
+    assert float(sup.upper()) >= 1e-2  # the start counts
+
+
+class _CurvField:
+    """A field object for _mu_bar / _bootstrap: curvature(v) = k0 + k1 / (v + 1), finite also at v = 0."""
+
+    def __init__(self, k0, k1=0.0, uses_variance=False):
+        self.k0, self.k1, self.uses_variance = k0, k1, uses_variance
+
+    def curvature(self, v):
+        return self.k0 + self.k1 / (v + 1.0)
+
+
+def test_mu_bar_is_lemma_2_rounded_up():
+    """mu over the tube = lam_hat + M2(v) (rho + drift) (Lemma 2), rounded up (by at most 1e-14), v = s^2 the token
+    variance floor of the tube, s = std floor - (rho + drift) / sqrt(C); no bound (inf) once s <= 0 (s = 0 exactly
+    here); -inf stays -inf (a refuted claim); a field without LayerNorm takes v = 0."""
+    from lipcheck.wellposed import enclosure as E
+    f = _CurvField(2.0, 1.0, uses_variance=True)
+    mu, v = E._mu_bar(f, 0.3, 0.5, 0.25, 0.375, 4)  # s = 0.5 - 0.625 / 2 = 0.1875
+    assert v == 0.1875 ** 2
+    with mpmath.workdps(50):
+        want = 0.3 + (2 + 1 / (mpmath.mpf(v) + 1)) * mpmath.mpf(0.625)
+    assert want <= mu <= want * (1 + 1e-14)
+    assert E._mu_bar(f, 0.3, 0.3125, 0.25, 0.375, 4) == (math.inf, 0.0)  # s = 0: no variance floor
+    assert E._mu_bar(f, 0.3, 0.3, 0.25, 0.375, 4) == (math.inf, 0.0)
+    assert E._mu_bar(f, -math.inf, 0.5, 0.25, 0.375, 4)[0] == -math.inf
+    mu0, v0 = E._mu_bar(_CurvField(2.0, 1.0), -0.5, 0.0, 0.25, 0.375, 4)
+    assert v0 == 0.0 and -0.5 + 3.0 * 0.625 <= mu0 <= (-0.5 + 3.0 * 0.625) * (1 + 1e-14)
+
+
+def test_bootstrap_accepts_the_first_tube_that_holds_and_records_the_last_it_tried():
+    """_bootstrap (mu = lam + K (rho + drift) over the tube): the first tube of its ladder is twice the sup of the
+    error bound at rho = 0; with K = 0 it holds (accepted: rho, mu = lam rounded up, the end ball and sup of the
+    recurrence at 50 digits); where no tube of the ladder 2 s0 4^i (i < 8) holds, the record keeps the largest one
+    and the log-norm over it; max_tube caps the ladder; a given tube is the only one tried; a non-finite start and a
+    lost variance floor are refused with the reason."""
+    from lipcheck.wellposed import enclosure as E
+    flint = E._arb()
+    d, tau, r0, lam = [1e-3, 2e-3, 1e-3], 0.1, 1e-5, 0.4
+    ok = E._bootstrap(flint, _CurvField(0.0), flint.arb(r0), d, tau, lam, 1.0, 0.0, 4, None, None)
+    rec = _mp_recurrence(r0, d, tau, ok["mu"])
+    assert ok["ok"] and lam <= ok["mu"] <= lam * (1 + 1e-14)
+    assert ok["rho"] == pytest.approx(2 * float(max(rec)), rel=1e-14) and ok["sup"] <= ok["rho"]
+    assert ok["sup"] == pytest.approx(float(max(rec)), rel=1e-14)
+    assert float(ok["r_end"].lower()) <= float(rec[-1]) * (1 + 1e-15) <= float(ok["r_end"].upper()) * (1 + 2e-15)
+    # a large curvature: every tube of the ladder fails, the record is the last one tried
+    K, drift = 5e3, 1e-4
+    bad = E._bootstrap(flint, _CurvField(K), flint.arb(r0), d, tau, lam, 1.0, drift, 4, None, None)
+    s0 = float(max(_mp_recurrence(r0, d, tau, lam + K * drift)))
+    assert not bad["ok"] and "tube check failed" in bad["why"]
+    assert bad["rho"] == pytest.approx(2 * s0 * 4 ** 7, rel=1e-12)
+    assert bad["mu"] == pytest.approx(lam + K * (bad["rho"] + drift), rel=1e-14)
+    assert bad["mu"] >= lam + K * (bad["rho"] + drift)
+    capped = E._bootstrap(flint, _CurvField(K), flint.arb(r0), d, tau, lam, 1.0, drift, 4, None, 1e-3)
+    assert not capped["ok"] and capped["rho"] == 1e-3
+    assert capped["mu"] == pytest.approx(lam + K * (1e-3 + drift), rel=1e-14)
+    # a cap above the first tube changes nothing
+    same = E._bootstrap(flint, _CurvField(0.0), flint.arb(r0), d, tau, lam, 1.0, 0.0, 4, None, 1.0)
+    assert same["ok"] and same["rho"] == ok["rho"]
+    fixed = E._bootstrap(flint, _CurvField(0.0), flint.arb(r0), d, tau, lam, 1.0, 0.0, 4, 1e-6, None)
+    assert not fixed["ok"] and fixed["rho"] == 1e-6  # below the error bound (~2e-4): the given tube fails
+    assert E._bootstrap(flint, _CurvField(0.0), flint.arb(r0), d, tau, lam, 1.0, 0.0, 4, 1e-2, None)["rho"] == 1e-2
+    inf = E._bootstrap(flint, _CurvField(0.0), flint.arb(math.inf), d, tau, lam, 1.0, 0.0, 4, None, None)
+    assert not inf["ok"] and "not finite" in inf["why"]
+    var = _CurvField(1.0, 1.0, uses_variance=True)
+    lost = E._bootstrap(flint, var, flint.arb(r0), d, tau, lam, 0.1, 0.2, 4, None, None)  # 0.1 - 0.2 / 2 = 0
+    assert not lost["ok"] and "variance floor lost" in lost["why"] and "rho" not in lost
+    # the floor holds at rho = 0 but a tube of radius 0.5 leaves it: recorded with an infinite log-norm
+    out = E._bootstrap(flint, var, flint.arb(r0), d, tau, lam, 0.3, 0.1, 4, 0.5, None)
+    assert not out["ok"] and "token variance" in out["why"] and out["rho"] == 0.5 and out["mu"] == math.inf
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_piecewise_quartic_takes_the_dense_output_at_the_quarter_nodes():
+    """piecewise_quartic on x' = A x: the steps tile [0, t1]; with grid_steps = 8 each is at most t1 / 8 long and every
+    multiple of t1 / 8 is a step end; each step's quartic takes the solver's dense output (lipcheck's integrate
+    asked here for the times a + h (0, 1/4, 1/2, 3/4, 1)) at its nodes and is within 10 tol of expm between them;
+    the counts are the solver's (both passes take the same steps)."""
+    from lipcheck.models.ode import integrate
+    from lipcheck.wellposed import enclosure as E
+    A, x0 = _linear_case()
+    f = LinearField(A)
+    tol = 1e-6
+    free, _, st0 = E.piecewise_quartic(f, x0, 1.0, tol=tol)
+    steps, coefs, st = E.piecewise_quartic(f, x0, 1.0, tol=tol, grid_steps=8)
+    for ss in (free, steps):
+        assert ss[0][0] == 0.0 and ss[-1][1] == 1.0 and all(b == a for (_, b), (a, _) in zip(ss, ss[1:]))
+    assert len(free) < 8 <= len(steps) and max(b - a for a, b in steps) <= 1 / 8 + 1e-15
+    ends = np.array([b for _, b in steps])
+    assert all(np.abs(ends - j / 8).min() <= 1e-15 for j in range(1, 9))
+    assert st["steps"] == st["accepted"] == len(steps) and st0["steps"] == len(free)
+    assert st["nfe_forward"] == st["nfe_dense_output"] >= 6 * st["accepted"] and st["rejected"] >= 0
+    nodes = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    times = torch.tensor(np.unique(np.concatenate([a + (b - a) * nodes for a, b in steps])), dtype=D)
+    with torch.no_grad():
+        dense = integrate(lambda t, x: f(x), x0, times, method="dopri5", rtol=tol, atol=tol,
+                          options={"step_t": torch.linspace(0.0, 1.0, 9, dtype=D)[1:]})
+    for (a, b), c in zip(steps, coefs):
+        for sg in nodes:
+            k = int(torch.argmin((times - (a + (b - a) * sg)).abs()))
+            q = sum(c[j] * sg ** j for j in range(5))
+            assert torch.allclose(q, dense[k], rtol=0, atol=1e-13)
+        s = np.linspace(0.0, 1.0, 7)
+        q = np.stack([sum(c[j].reshape(2, -1).numpy() * v ** j for j in range(5)) for v in s])
+        ex = _expm_solution(A, x0, (a + (b - a) * s).tolist())
+        assert np.abs(q - ex).max() <= 10 * tol
+
+
+def test_quartic_helpers_against_numpy():
+    """_poly (d-th derivative in t of the step's quartic), _coef_sup (sum_k k!/(k-d)! ||c_k|| / h^d, the bound
+    _bern_sup never exceeds), _token_speed (per token sup ||y_i'||: at least the sampled speed, and exact where y' is
+    affine in s), _sampled_defect (max ||y' - F(y)|| at s = 1/8, 3/8, 5/8, 7/8 of every step), numpy's polynomials."""
+    from lipcheck.wellposed import enclosure as E
+    g = torch.Generator().manual_seed(21)
+    h = 0.4
+    c = torch.randn(5, 2, 1, 2, 3, generator=g, dtype=D)
+    cn = c.reshape(5, 2, -1).numpy()
+    s = np.linspace(0.0, 1.0, 11)
+    for d in range(5):
+        got = E._poly(c, torch.tensor(s, dtype=D), h, d).reshape(11, 2, -1).numpy()
+        want = np.stack([np.stack([np.polynomial.polynomial.polyval(s, np.polynomial.polynomial.polyder(cn[:, b, i], d))
+                                   for i in range(6)], -1) for b in range(2)], 1) / h ** d
+        assert np.allclose(got, want, rtol=1e-13, atol=1e-12), d
+        norms = [np.linalg.norm(cn[k], axis=-1) for k in range(5)]
+        cs = sum(math.factorial(k) // math.factorial(k - d) * norms[k] for k in range(d, 5)) / h ** d
+        assert np.allclose(E._coef_sup([torch.tensor(x) for x in norms], h, d).numpy(), cs, rtol=1e-14)
+    fine = np.linspace(0.0, 1.0, 2001)
+    d1 = E._poly(c, torch.tensor(fine, dtype=D), h, 1).reshape(2001, 2, 2, 3).norm(dim=-1).amax(0)  # (B, N)
+    sp = E._token_speed(c, h)
+    assert sp.shape == (2, 2) and (sp >= d1).all()
+    lin = c.clone()
+    lin[3:] = 0  # y' affine in s: its norm is largest at an end of the step
+    ends = E._poly(lin, torch.tensor([0.0, 1.0], dtype=D), h, 1).norm(dim=-1).flatten(2).amax(0)
+    assert torch.allclose(E._token_speed(lin, h), ends, rtol=1e-13, atol=0)
+    A, _ = _linear_case(n=6)
+    f = LinearField(A)
+    steps = [(0.0, h), (h, 1.0)]
+    coefs = [c.reshape(5, 2, 1, 1, 6), torch.randn(5, 2, 1, 1, 6, generator=g, dtype=D)]
+    want = 0.0
+    for (a, b), cf in zip(steps, coefs):
+        for sg in (0.125, 0.375, 0.625, 0.875):
+            p = cf.reshape(5, 2, 6).numpy()
+            y = sum(p[k] * sg ** k for k in range(5))
+            dy = sum(k * p[k] * sg ** (k - 1) for k in range(1, 5)) / (b - a)
+            want = max(want, np.linalg.norm(dy - y @ A.T, axis=-1).max())
+    assert E._sampled_defect(f, steps, coefs) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_bad_enclosure_settings_are_refused():
+    """Every documented range of _check_inputs: a 4-d finite x0, a positive finite t1, positive finite tube and
+    max_tube (or None), positive finite defect_ratio and mu_slack, 0 < ref_tol < tol; the boundary values themselves
+    are refused."""
+    A, x0 = _linear_case()
+    f = LinearField(A)
+    bad = [(dict(x0=x0[0]), "x0"), (dict(t1=math.inf), "t1"), (dict(t1="1"), "t1"), (dict(tube=0.0), "tube"),
+           (dict(max_tube=0.0), "max_tube"), (dict(max_tube=math.inf), "max_tube"), (dict(tube=math.nan), "tube"),
+           (dict(defect_ratio=0.0), "defect_ratio"), (dict(defect_ratio=math.inf), "defect_ratio"),
+           (dict(mu_slack=0.0), "mu_slack"), (dict(mu_slack=math.nan), "mu_slack"), (dict(tol=0.0), "tol")]
+    for kw, name in bad:
+        args = dict(x0=x0, t1=1.0) | kw
+        with pytest.raises(ValueError, match=name):
+            wp.enclose_field(f, args.pop("x0"), args.pop("t1"), **args)
+    for rt in (0.0, -1e-9, 1e-6, math.nan, "1e-9"):  # ref_tol: 'auto', None or 0 < ref_tol < tol
+        with pytest.raises(wp.EnclosureError, match="ref_tol"):
+            wp.enclose_field(f, x0, 1.0, tol=1e-6, ref_tol=rt)
+    ok = wp.enclose_field(f, x0, 1, tol=1e-4, ref_tol=None, max_per_step=8)  # an int t1, the smallest max_per_step
+    assert ok.proven.all() and float(ok.t[-1]) == 1.0
+
+
+def test_bernstein_matrix_is_the_exact_rational_one():
+    """_bernstein_matrix() (also when called again, not only the copy made at import) equals the matrix built here
+    in exact rationals: values at s = 0, 1/4, 1/2, 3/4, 1 -> Bernstein coefficients; rows sum to 1 (a constant's
+    coefficients are that constant) and its end rows pick the end values."""
+    from fractions import Fraction as Fr
+    from lipcheck.wellposed import enclosure as E
+    want = _bernstein_from_values()
+    for M in (E._bernstein_matrix(), E._M):
+        assert M == want and all(isinstance(x, Fr) for row in M for x in row)
+    assert all(sum(row) == 1 for row in want) and want[0] == [1, 0, 0, 0, 0] and want[4] == [0, 0, 0, 0, 1]
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_lognorm_envelope_after_a_failure_and_per_sample_perturbations():
+    """lognorm_envelope: G(0) = 1; where the enclosure failed (radius inf) there is no envelope (inf), sample by
+    sample (a refuted log-norm claim for sample 0 only); for the proven sample of x' = A x it is exp(mu t) within the
+    verification margin, for every perturbation size (curvature 0), given per sample."""
+    A, x0 = _linear_case()
+    mu = _lam_max(A)
+    claim = lambda y: torch.tensor([mu - 0.05, mu + 0.05], dtype=D)  # noqa: E731
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-5, ref_tol=None, mu_claim=claim)
+    assert enc.proven.tolist() == [False, True]
+    G = wp.lognorm_envelope(enc, torch.tensor([1e-3, 1e-1], dtype=D))
+    assert G.shape == enc.radius.shape and G[0].tolist() == [1.0, 1.0]
+    assert torch.isinf(G[1:, 0]).all()
+    t = enc.t.numpy()
+    known = np.exp((mu + 0.05) * t)  # the claimed log-norm is the one the envelope integrates
+    assert (G[:, 1].numpy() >= known * (1 - 1e-12)).all() and np.allclose(G[:, 1].numpy(), known, rtol=1e-6)
+    small = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-5, ref_tol=None, tube=1e-14)
+    Gs = wp.lognorm_envelope(small, 1e-3)
+    assert Gs[0].tolist() == [1.0, 1.0] and torch.isinf(Gs[1:]).all()
+
+
+def _model_f32(t1=0.25):
+    from lipcheck import ViT
+    torch.manual_seed(0)
+    return ViT("ode", "ssog", dtype=torch.float32, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2,
+               depth=1, num_classes=3, mlp_ratio=2.0, t1=t1).eval()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_enclose_passes_its_settings_on():
+    """enclose(model, ...) with settings off their defaults: the statistics report the tolerance, defect_ratio,
+    mu_slack (the reference's own when ref_mu_slack is given), log-norm kind and ref_tol it ran with; a float32 model
+    is enclosed in float64 (the default dtype) from input_scale * embed(images), and the enclosure contains a dopri8
+    solution at 1e-12 of the float64 model (torchdiffeq), whose token variances stay above the reported floor."""
+    import torchdiffeq
+    model = _model_f32()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    direct = wp.enclose(model, images, tol=1e-4, ref_tol=None, defect_ratio=0.5, mu_slack=0.5, lognorm="structured",
+                        input_scale=0.5, progress=False)
+    ref = wp.enclose(model, images, tol=1e-4, ref_tol=1e-7, mu_slack=0.125, ref_mu_slack=0.5, progress=False)
+    st = direct.stats
+    assert (st["tol"], st["defect_ratio"], st["mu_slack"], st["lognorm"], st["method"]) == \
+        (1e-4, 0.5, 0.5, "structured", "dopri5")
+    st = ref.stats
+    assert (st["tol"], st["ref_tol"], st["mu_slack"], st["lognorm"], st["defect_ratio"]) == \
+        (1e-4, 1e-7, 0.5, "dense", 0.25)
+    m64 = _model_f32()
+    m64.double()
+    blk = m64.vector_field.block
+    for enc, scale in ((direct, 0.5), (ref, 1.0)):
+        assert enc.proven.all() and enc.center.dtype == D
+        with torch.no_grad():
+            x0 = m64.embed(images.double()) * scale
+            truth = torchdiffeq.odeint(lambda t, x: blk.vector_field(x), x0, enc.t, method="dopri8", rtol=1e-12,
+                                       atol=1e-12)
+        err = (truth - enc.center).flatten(2).norm(dim=-1)
+        assert (err <= enc.radius).all() and float(err[0].max()) <= 1e-15 * float(x0.norm())
+        # the certified token-variance floor (LayerNorm) is below every token variance along the trajectory
+        assert 0 < enc.stats["variance_floor"] <= float(truth.var(-1, unbiased=False).min())
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_direct_enclosure_statistics_of_a_linear_field():
+    """The statistics of a direct enclosure of x' = A x (around a solve of another field), from what they name: step sizes (they add up to t1), the
+    Lipschitz constant ||A||_2 and curvature 0 of the field, no variance floor (no LayerNorm), stiffness = max(mu, 0) h
+    per step with mu the verified log-norm lambda_max((A + A^T) / 2) (numpy, 1e-9), the fine and log-norm points
+    (at least 8 and 2 per step), the solver's counts (dopri5: 6 evaluations per attempted step), the log-norm
+    kind 'given' for a field object that is not an SSoGField, and timings (nonnegative parts within the total). The
+    sampled defect of each interval is the largest ||y' - A y|| at its sample points, both ends included (numpy on
+    the kept quartics)."""
+    A, x0 = _linear_case()
+    f = LinearField(A)
+    # y from x' = (A + I/2) x: a defect ~ ||y||/2 that is largest at an end of the intervals, far above its rounding
+    wrong = LinearField(A + 0.5 * np.eye(A.shape[0]))
+    enc = wp.enclose_field(f, x0, 1.0, tol=1e-5, ref_tol=None, defect_ratio=0.5, mu_slack=0.125, solver_field=wrong)
+    st = enc.stats
+    h = np.diff(np.array(enc.steps), axis=1)[:, 0]
+    assert st["steps"] == len(enc.steps) == len(st["step_sizes"]) == len(st["stiffness"]) == st["accepted"]
+    assert np.allclose(st["step_sizes"], h, rtol=0, atol=0) and abs(sum(st["step_sizes"]) - 1.0) <= 1e-14
+    assert st["lipschitz_max"] == f.lipschitz(0.0) and st["curvature_max"] == 0.0 and st["variance_floor"] == 0.0
+    lam = max(_lam_max(A), 0.0)
+    assert np.allclose(st["stiffness"], lam * h, rtol=1e-9, atol=0) and st["stiffness_max"] == max(st["stiffness"])
+    assert st["fine_points"] >= 8 * st["steps"] and st["lognorm_points"] >= 2 * st["steps"]
+    assert st["nfe_forward"] >= 6 * (st["accepted"] + st["rejected"]) and st["nfe_dense_output"] > 0
+    assert (st["method"], st["tol"], st["defect_ratio"], st["mu_slack"], st["lognorm"], st["eigensolves"]) == \
+        ("dopri5", 1e-5, 0.5, 0.125, "given", None)
+    pieces = enc._pieces
+    assert len(pieces["spans"]) == len(enc.t) - 1
+    for p, (k, j0, j1, m) in enumerate(pieces["spans"]):
+        (a, b), c = pieces["steps"][k], pieces["coefs"][k].reshape(5, 2, -1).numpy()
+        s = np.arange(j0, j1 + 1) / m
+        y = sum(c[i][None] * s[:, None, None] ** i for i in range(5))
+        dy = sum(i * c[i][None] * s[:, None, None] ** (i - 1) for i in range(1, 5)) / (b - a)
+        want = np.linalg.norm(dy - y @ A.T, axis=-1).max(0)
+        assert np.allclose(enc.defect_sampled[p].numpy(), want, rtol=1e-12, atol=0), p
+    sec = st["seconds"]
+    assert set(sec) == {"solve", "defect", "lognorm", "total"} and min(sec.values()) >= 0
+    assert sec["total"] >= sec["solve"] + sec["defect"] + sec["lognorm"]  # the parts are disjoint spans of the run
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_time_budget_reason_names_the_last_proven_time_and_radius():
+    """max_seconds = 0: the reason says up to which time the enclosure holds and with which radius there: the last
+    reported time with a finite radius (formatted as in the message), the end of the first step, which the tanh field's
+    curvature splits into several log-norm intervals. A budget that is not used up changes nothing."""
+    f = TanhField(4, 6, seed=3, scale=1.5)
+    x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
+    enc = wp.enclose_field(f, x0, 1.0, tol=1e-5, ref_tol=None, max_seconds=0.0)
+    k = int(torch.isfinite(enc.radius[:, 0]).sum()) - 1  # the last finite row
+    assert 1 < k < len(enc.t) - 1 and float(enc.t[k]) == enc.steps[0][1]
+    for b in range(2):
+        assert f"proven on [0, {float(enc.t[k]):.6g}] with radius {float(enc.radius[k, b]):.3g} there" in enc.reason[b]
+    # a budget of an hour is not used up by this second-long proof: the whole horizon is proven
+    full = wp.enclose_field(f, x0, 1.0, tol=1e-5, ref_tol=None, max_seconds=3600.0)
+    assert full.proven.all() and full.reason == [None, None] and torch.isfinite(full.radius).all()
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_reference_subintervals_follow_ref_defect_abs():
+    """ref_defect_abs: the reference enclosure refines its defect sub-intervals until the remainder is below it; at a
+    generous 1.0 no step is refined (8 sub-intervals each: fine_points = 8 steps), at the default target (a fraction
+    of the rough distance) they are."""
+    A, x0 = _linear_case()
+    loose = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7, ref_defect_abs=1.0)
+    r = loose.stats["reference"]
+    assert loose.proven.all() and r["fine_points"] == 8 * r["steps"]
+    tight = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7)
+    assert tight.stats["reference"]["fine_points"] > 8 * tight.stats["reference"]["steps"]
+
+
+def test_ssog_field_auto_lognorm_is_dense_up_to_4096_numbers(monkeypatch):
+    """lognorm='auto' (enclose's docstring): the dense log-norm when n = H W C <= 4096, the structured one above. The
+    field's constants and the dense Jacobian machinery are stubbed here (only the choice is under test: building
+    them at n = 4096 takes seconds)."""
+    from types import SimpleNamespace
+    from lipcheck.wellposed import enclosure as E
+    monkeypatch.setattr(E.ln, "field_constants", lambda block, H, W, **kw: SimpleNamespace(C=16))
+    monkeypatch.setattr(E.ln, "DenseLogNorm", lambda block, H, W, **kw: ("dense", H * W))
+    for H, W, kind in ((16, 16, "dense"), (16, 17, "structured"), (2, 2, "dense")):
+        f = E.SSoGField(None, H, W)
+        assert f.lognorm_kind == kind and (f._dense is None) == (kind == "structured"), (H, W)
+    assert E.SSoGField(None, 2, 2, lognorm="structured")._dense is None
+
+
+def test_piecewise_quartic_refuses_steps_that_stop_short_of_t1(monkeypatch):
+    """If the solver's recorded steps do not reach t1 (the last accepted step lost here, in both passes), there is no
+    piecewise quartic on [0, t1]: an EnclosureError that says so, not a shorter y."""
+    import lipcheck.models.ode as ode
+    from lipcheck.wellposed import enclosure as E
+    real = ode.integrate
+
+    def short(field, *args, **kw):
+        out = real(field, *args, **kw)
+        field.steps.pop()
+        return out
+
+    monkeypatch.setattr(ode, "integrate", short)
+    A, x0 = _linear_case()
+    with pytest.raises(wp.EnclosureError, match="do not end on t1"):
+        E.piecewise_quartic(LinearField(A), x0, 1.0, tol=1e-4)

@@ -450,6 +450,17 @@ def test_excess_estimate_tracks_the_true_excess(H, W, rounds):
     assert true_excess > 0
     assert true_excess / 1.5 <= m.info["excess_estimate"] <= true_excess * 1.5
 
+def test_stalled_refinement_returns_a_certified_bound():
+    """In float32 a requested rtol of 1e-6 is below what the envelope's rounding floor allows: lambda stops moving
+    while the excess estimate stays above rtol, and the stall rule ends the refinement well before max_rounds.
+    That exit still returns the full certificate: above the exact norm (by 5% here, float32's margins)."""
+    p, exact_of = _one_head_positive()
+    p32 = SSoGParams(*(x.float() for x in (p.alpha, p.mu, p.sigma, p.WV, p.WO)))
+    m = mj.toeplitz_majorant(p32, 3, 4, rtol=1e-6, max_rounds=80)
+    assert isinstance(m, mj.MajorantBound) and m.rounds < 80 and m.info["excess_estimate"] > 1e-6 * m.estimate
+    exact = exact_of(3, 4) * (1 + 1e-6)  # p32's weights are p's rounded to float32: ||T|| moves by < 1e-6
+    assert exact_of(3, 4) * (1 - 1e-6) <= m.upper <= exact * 1.1
+
 def test_scale_moved_out_and_back():
     """Weights far from unit scale (alpha * 37, W_O / 1024, not powers of two): the operator scales by 37/1024 and
     so do the exact norm and the bound, which stays above it and within rtol."""
@@ -543,6 +554,12 @@ def test_cell_remainder_bounds_and_matches_taylor():
     u = np.finfo(np.float64).eps / 2
     r0 = float(model.remainder(torch.zeros(1, 2, dtype=torch.float64))[0, 0])
     assert 6 * u * abs(alpha) <= r0 < 1e-10
+    # pinned to the proof's allowance eta_c + gamma_6 (|c| + eta_c) at 50 digits, to within the rounding of forming it
+    mpmath.mp.dps = 50
+    ec, ca = mpmath.mpf(float(model.eta_c[0])), mpmath.mpf(float(model.c_abs[0]))
+    assert ca == mpmath.mpf(float(q.alpha.abs().sum()))  # |c(w)| <= sum_m |alpha_m| (ghat <= 1)
+    ref = ec + _gamma(6, _u(torch.float64)) * (ca + ec)
+    assert abs(r0 - ref) <= 2 * u * ref
 
 
 def test_cell_remainder_cross_term_with_shifted_kernels():

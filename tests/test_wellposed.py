@@ -1,5 +1,6 @@
 """lipcheck.wellposed: tolerance sweeps, Gronwall growth and the a-posteriori certificate, checked against
 exact solutions (the linear field F(x) = T x + b solved by expm) and known convergence orders."""
+import copy
 import math
 
 import numpy as np
@@ -587,3 +588,259 @@ def test_gradient_check_counts_against_an_independent_count_of_field_calls():
     loss = float(w @ exact(A, x0, model.t1)[0])
     for p in (a, b):
         assert abs(p["loss"] - loss) <= 1e-4 * abs(loss), (p["loss"], loss)
+
+
+# ------------------------------------------------ report keys, default paths and dtypes (found by mutation tests)
+
+def _small_ln_model(seed=0, dtype=D):
+    """An ODE ViT with LayerNorm and MLP on a 2 x 2 token grid of 6 channels (cheap to integrate)."""
+    torch.manual_seed(seed)
+    return ViT("ode", "ssog", dtype=dtype, img_size=8, patch_size=4, dim=6, num_heads=2, num_components=2, depth=1,
+               num_classes=3, mlp_ratio=2.0).eval()
+
+
+def test_perturbation_growth_default_grid_and_report_against_an_independent_solve():
+    """grid=None: the sampled times are auto_grid's number of uniform intervals (32 here, not one of its clamps);
+    the report echoes eps, gives the weights' token speed bound, no power-iteration sigma without the 'worst'
+    direction, a variance floor below every token variance of x(t) and y(t) at the sampled times (torchdiffeq's
+    dopri8 at 1e-12, independent of lipcheck's reference) and the local constant certified at that floor; the growth,
+    its maximum, the largest rate log(g) / t (t > 0) and the violations of exp(L t) as that solve gives them."""
+    import torchdiffeq
+    model = _small_ln_model()
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    scale, eps = 0.01, 1e-3  # small states: token std small against the drift, so auto_grid is above its floor 16
+    g = wp.perturbation_growth(model, images, directions=("random",), eps=eps, input_scale=scale)
+    block, x0, t1 = wp.prepare(model, images, input_scale=scale)
+    n = wp.auto_grid(block, x0, t1)
+    assert g["grid"] == n == 32 and len(g["t"]) == n + 1
+    assert np.allclose(g["t"], np.linspace(0.0, t1, n + 1), rtol=0, atol=1e-15)
+    assert g["eps"] == eps and g["power_iteration_sigma"] is None
+    assert g["speed_bound"] == pytest.approx(wp.token_speed_bound(block), rel=1e-12)
+    v = torch.randn(x0.shape, dtype=D, generator=torch.Generator().manual_seed(0))  # the seed-0 random direction
+    v = v / v.flatten(1).norm(dim=1)[:, None, None, None]
+    size = eps * x0.flatten(1).norm(dim=1)
+    t = torch.tensor(g["t"], dtype=D)
+    with torch.no_grad():
+        f = lambda s, z: block.vector_field(z)  # noqa: E731
+        X = torchdiffeq.odeint(f, x0, t, method="dopri8", rtol=1e-12, atol=1e-12)
+        Y = torchdiffeq.odeint(f, x0 + size[:, None, None, None] * v, t, method="dopri8", rtol=1e-12, atol=1e-12)
+    growth = ((X - Y).flatten(2).norm(dim=-1) / size).numpy()  # (T, B)
+    d = g["directions"]["random"]
+    assert np.allclose(np.array(d["growth"]).T, growth, rtol=1e-6, atol=0)
+    assert d["max_growth"] == max(max(row) for row in d["growth"]) and d["max_growth"] > 1.0
+    rates = np.log(growth[1:]) / t.numpy()[1:, None]
+    assert d["max_rate"] == pytest.approx(float(rates.max()), rel=1e-5)
+    var_min = float(torch.cat([X, Y]).var(-1, unbiased=False).min())
+    assert var_min / 16 <= g["min_variance"] <= var_min  # a lower bound, and not vacuous (auto_grid's aim)
+    L_glob, L_loc, _ = wp.vector_field_constants(block, x0, g["min_variance"])
+    assert g["L_local"] == L_loc < g["L_global"] == L_glob
+    for kind, L in (("global", L_glob), ("local", L_loc)):
+        viol = int((np.log(growth[1:]) > L * t.numpy()[1:, None]).sum())
+        assert d["violations"][kind] == g["violations"][kind] == viol
+
+
+def _float32_linear_model(seed, *, bias):
+    """A float32 ODE model whose field is linear (LINEAR: no LN, no MLP), with O(1) random weights."""
+    torch.manual_seed(seed)
+    model = ViT("ode", "ssog", dtype=torch.float32, **LINEAR)
+    layer = model.vector_field.block.mixer.freeze_kernels()
+    with torch.no_grad():
+        for p in (layer.v_proj.weight, layer.o_proj.weight):
+            p.normal_(std=0.3)
+        if bias:
+            layer.o_proj.bias.normal_()
+    return model, layer
+
+def test_sweep_runs_in_the_requested_dtype_on_a_float32_model():
+    """tolerance_sweep(dtype=float64, the default) on a float32 linear model: the model is cast, so the reference
+    and every final state are float64 and dopri5 at tol 1e-10 is within 1e-8 of expm of the float32 weights (exact
+    in float64): beyond float32's reach (u = 6e-8)."""
+    model, layer = _float32_linear_model(0, bias=True)
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    res = wp.tolerance_sweep(model, images, ("dopri5",), (1e-10,), progress=False)
+    final = res.finals[("dopri5", 1e-10)]
+    assert final.dtype == D and res.reference.states.dtype == D
+    m64 = copy.deepcopy(model).double()  # the float32 weights, each exactly a float64; kernels formed in float64
+    A, _ = augmented_matrix(m64.vector_field.block.mixer, 3, 3)
+    truth = exact(A, m64.embed(images.double()).detach(), model.t1)
+    rel = lambda y: np.linalg.norm(y.reshape(1, -1).numpy() - truth) / np.linalg.norm(truth)  # noqa: E731
+    assert rel(final) < 1e-8 and rel(res.reference.states[-1]) < 1e-11, (rel(final), rel(res.reference.states[-1]))
+    assert res.runs[0]["error"] == pytest.approx(rel(final), rel=1e-3, abs=1e-13)
+
+
+def test_sweep_run_records_and_a_given_reference():
+    """Every run records ratio = error / tol (adaptive) or step_size = t1 / steps (fixed), the input_scale, and where
+    x(t1) came from: 'step' (the last step lands on t1: the default, and always for fixed steps) or 'interpolated'
+    (land_on_t1=False: read off the dense output, then not the landed state); a given reference is used as is
+    (errors against its final state); summary() holds mixer, runs, reference and convergence."""
+    model, layer = linear_model(seed=3)
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    kw = dict(rk4_steps=(4,), input_scale=0.5, progress=False)
+    land = wp.tolerance_sweep(model, images, ("dopri5", "rk4"), (1e-4,), **kw)
+    free = wp.tolerance_sweep(model, images, ("dopri5", "rk4"), (1e-4,), reference=land.reference, land_on_t1=False,
+                              **kw)
+    assert free.reference is land.reference
+    for res, how in ((land, "step"), (free, "interpolated")):
+        a, f = res.runs  # adaptive first, then fixed
+        assert (a["method"], a["tol"], a["steps"], a["step_size"], f["method"], f["tol"], f["steps"]) == \
+            ("dopri5", 1e-4, None, None, "rk4", None, 4)
+        assert a["ratio"] == a["error"] / 1e-4 and f["ratio"] is None and f["step_size"] == model.t1 / 4
+        assert (a["final"], f["final"]) == (how, "step") and a["input_scale"] == f["input_scale"] == 0.5
+        ref = res.reference.states[-1]
+        for r in res.runs:
+            key = (r["method"], r["tol"] if r["tol"] is not None else r["steps"])
+            want = float(((res.finals[key] - ref).norm() / ref.norm()))
+            assert r["error"] == pytest.approx(want, rel=1e-12) and r["errors"] == [r["error"]]
+        s = res.summary()
+        assert s["mixer"] == "ssog" and s["runs"] is res.runs and s["convergence"] is res.convergence
+        assert s["reference"] == res.reference.summary() and s["reference"]["steps"] == res.reference.steps
+    # the interpolated final state is another (nearby) value than the landed one
+    d = float((free.finals[("dopri5", 1e-4)] - land.finals[("dopri5", 1e-4)]).norm())
+    assert 0 < d < 1e-2 * float(land.reference.states[-1].norm())
+    assert torch.equal(free.finals[("rk4", 4)], land.finals[("rk4", 4)])
+    # input_scale: the sweep starts from 0.5 embed(images) (the reference's first state)
+    assert torch.allclose(land.reference.states[0], 0.5 * model.embed(images).detach(), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("mixer", ["ssog", "attention"])
+def test_token_speed_bound_is_the_documented_formula(mixer):
+    """token_speed_bound against its docstring, evaluated here with numpy: rho = max|gamma| sqrt(C) + ||beta|| per
+    LayerNorm; SSoG rho1 sum_h (sum_m |alpha_hm|) ||P_h||_2 + ||b_O||; attention ||W_O||_2 sqrt(sum_h (||W_V,h||_2 rho1
+    + ||b_V,h||)^2) + ||b_O||; MLP ||W2||_2 (||W1||_2 rho2 + ||b1||) + ||b2||; inf without LayerNorm."""
+    torch.manual_seed(5)
+    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=3, depth=1)
+    block = model.vector_field.block
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)
+    n2 = lambda w: np.linalg.norm(w.detach().numpy(), 2)  # noqa: E731
+    nv = lambda b: np.linalg.norm(b.detach().numpy())  # noqa: E731
+    rho = lambda ln: math.sqrt(8) * float(ln.weight.abs().max()) + nv(ln.bias)  # noqa: E731
+    m = block.mixer
+    if mixer == "ssog":
+        alpha = m.gaussian_params()[0].detach().numpy()
+        P = m.head_projections()
+        want = rho(block.norm1) * sum(np.abs(alpha[h]).sum() * n2(P[h]) for h in range(2)) + nv(m.o_proj.bias)
+    else:
+        WV, bV = m.v_proj.weight, m.v_proj.bias
+        heads = [n2(WV[4 * h:4 * (h + 1)]) * rho(block.norm1) + nv(bV[4 * h:4 * (h + 1)]) for h in range(2)]
+        want = n2(m.o_proj.weight) * math.sqrt(sum(v * v for v in heads)) + nv(m.o_proj.bias)
+    fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+    want += n2(fc2.weight) * (n2(fc1.weight) * rho(block.norm2) + nv(fc1.bias)) + nv(fc2.bias)
+    got = wp.token_speed_bound(block)
+    assert want <= got * (1 + 1e-12) and got <= want * (1 + 1e-9), (got, want)
+    plain = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=3, depth=1,
+                use_norm=False)
+    assert wp.token_speed_bound(plain.vector_field.block) == math.inf
+
+
+def test_segment_variance_floor_is_the_documented_formula():
+    """segment_variance_floor against its docstring, evaluated here with numpy: per token and interval k the larger of
+    (std a + std b - std(a - b)) / 2 at its two ends, less (drift_a[k] + drift_b[k] + 2 margin) / sqrt(C); the floor is
+    the square of the smallest of these (0 if negative). Per-interval drifts: the smallest end value sits on the
+    interval with the smallest drift, so a drift taken from another interval would show."""
+    g = torch.Generator().manual_seed(3)
+    K, C = 3, 5
+    xa = 2 * torch.randn(K + 1, 2, 2, 1, C, generator=g, dtype=D)
+    xb = xa + 0.3 * torch.randn(K + 1, 2, 2, 1, C, generator=g, dtype=D)
+    std = lambda x: x.numpy().std(-1)  # noqa: E731  (biased, as LayerNorm)
+    ends = (std(xa) + std(xb) - std(xa - xb)) / 2  # (K + 1, B, H, W)
+    best = np.maximum(ends[:-1], ends[1:]).reshape(K, -1).min(1)
+    k0 = int(best.argmin())
+    da, db = np.full(K, 0.3), np.full(K, 0.2)
+    da[k0], db[k0] = 0.01, 0.0
+    margin = 0.02
+
+    def want(da, db, margin):
+        lo = np.maximum(ends[:-1], ends[1:]) - ((da + db + 2 * margin) / math.sqrt(C))[:, None, None, None]
+        return max(float(lo.min()), 0.0) ** 2
+
+    got = wp.segment_variance_floor(xa, xb, torch.tensor(da), torch.tensor(db), margin=margin)
+    assert got == pytest.approx(want(da, db, margin), rel=1e-12) and got > 0
+    assert wp.segment_variance_floor(xa, xb, 0.05, 0.1) == pytest.approx(want(np.full(K, 0.05), np.full(K, 0.1), 0.0),
+                                                                          rel=1e-12)
+    assert wp.segment_variance_floor(xa, xb, 100.0, 0.0) == 0.0  # a floor lost in the drift
+
+
+def test_envelope_violations_compare_in_float64():
+    """t given as a list: growth exp(L t) (1 + 1e-12) at t = 0.1 exceeds the envelope in float64 (where t = 0.1 read
+    in float32 would not: it is 1.5e-9 larger there), and exp(L t) (1 - 1e-12) does not."""
+    L = 1.0
+    above = [[1.0], [math.exp(0.1) * (1 + 1e-12)]]
+    below = [[1.0], [math.exp(0.1) * (1 - 1e-12)]]
+    assert wp.envelope_violations([0.0, 0.1], above, L) == 1 and wp.envelope_violations([0.0, 0.1], below, L) == 0
+
+
+def test_perturbation_growth_in_float64_and_with_the_default_power_iteration():
+    """A float32 linear model at the default dtype float64: growth_t1 of the worst direction is ||expm(T t1) v|| for
+    the v the power iteration returns (float64 expm of the float32 weights, to 1e-9: beyond float32); the reported
+    sigma is worst_direction's on the rk4 flow of the documented default power_steps = 32 steps (seed 0)."""
+    model, layer = _float32_linear_model(1, bias=False)
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    g = wp.perturbation_growth(model, images, grid=4, directions=("worst",), power_iters=1)  # one iteration: cheap
+    block, x0, t1 = wp.prepare(model, images)
+    assert x0.dtype == D
+    v, sigma = wp.worst_direction(block, x0, t1, iters=1, steps=32, generator=torch.Generator().manual_seed(0))
+    assert g["power_iteration_sigma"] == sigma.tolist()
+    m64 = copy.deepcopy(model).double()
+    _, T = augmented_matrix(m64.vector_field.block.mixer, 3, 3)
+    want = np.linalg.norm(scipy.linalg.expm(T * t1) @ v.reshape(-1).numpy())
+    assert abs(g["directions"]["worst"]["growth_t1"][0] - want) <= 1e-9 * want
+
+
+def test_reference_solution_stopping_rules():
+    """reference_solution halves the step until successive final states agree to rel_tol, but not before min_steps
+    (rel_tol = 1 is met at once: the first level with n >= min_steps = 8 ends it), or until the change stops
+    improving (rel_tol = 0, a linear field at the round-off floor from the start: the first halving, from the third
+    on, whose change is not below the previous one ends it). The error estimate is the largest relative change over
+    the grid times and samples (at least the last final-state change); summary() reports steps, estimate, history."""
+    model, layer = linear_model(seed=0)
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(0))
+    block, x0, t1 = wp.prepare(model, images)
+    quick = wp.reference_solution(block, x0, t1, rel_tol=1.0, start_steps=2, min_steps=8)
+    assert quick.steps == 8 and [h["steps"] for h in quick.history] == [4, 8]
+    t = torch.linspace(0.0, t1, 5, dtype=D)
+    floor = wp.reference_solution(block, x0, t1, t=t, rel_tol=0.0, start_steps=8)
+    ch = [h["change"] for h in floor.history]
+    stop = next(i for i in range(2, len(ch)) if ch[i] >= ch[i - 1])
+    assert len(ch) == stop + 1 and floor.steps == 8 * 2 ** len(ch) and floor.steps < 4096
+    assert floor.abs_error.shape == (5, 1) and floor.states.shape == (5, *x0.shape) and torch.equal(floor.t, t)
+    rel = (floor.abs_error / floor.states.flatten(2).norm(dim=-1)).max()
+    assert floor.error_estimate == max(float(rel), ch[-1])
+    s = floor.summary()
+    assert (s["steps"], s["error_estimate"], s["history"]) == (floor.steps, floor.error_estimate, floor.history)
+    assert "dopri8" in s["method"]
+
+
+def test_perturbation_growth_refuses_bad_settings_and_takes_grid_one():
+    """grid must be a positive number of intervals (1 is the smallest: t = [0, t1]), directions among 'random' and
+    'worst', eps positive and finite."""
+    model, layer = linear_model(seed=1)
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    for kw, msg in ((dict(grid=0), "grid"), (dict(grid=-3), "grid"), (dict(directions=("best",)), "unknown direction"),
+                    (dict(eps=math.nan), "eps"), (dict(eps=-1e-3), "eps")):
+        with pytest.raises(ValueError, match=msg):
+            wp.perturbation_growth(model, images, **kw)
+    g = wp.perturbation_growth(model, images, grid=1, directions=("random",))
+    assert g["grid"] == 1 and g["t"] == [0.0, model.t1] and len(g["directions"]["random"]["growth"][0]) == 2
+
+
+def test_vector_field_constants_never_exceed_the_states_own_variance():
+    """vector_field_constants(block, states, v): the local constant holds on the states themselves even where v claims
+    more variance than they have (the smaller of the two is used): at v = 1e6 it is the constant at the states' own
+    smallest token variance (v = None), and it bounds ||J_F(x)||_2 there (autograd); a smaller variance floor gives a
+    larger constant, never above the global one; a dense-attention block takes its number of tokens from the states."""
+    model = _small_ln_model(seed=2)
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3), dtype=D)
+    block, x0, _ = wp.prepare(model, images)
+    g_own, own, _ = wp.vector_field_constants(block, x0, None)
+    g_big, big, _ = wp.vector_field_constants(block, x0, 1e6)
+    _, small, _ = wp.vector_field_constants(block, x0, 1e-3 * float(x0.var(-1, unbiased=False).min()))
+    assert big == own < small <= g_own == g_big
+    for b in range(2):
+        J = torch.autograd.functional.jacobian(lambda z: block.vector_field(z[None])[0], x0[b]).reshape(24, 24)
+        assert float(torch.linalg.matrix_norm(J, 2)) <= big
+    att = ViT("ode", "attention", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, depth=1).eval()
+    ab, ax0, _ = wp.prepare(att, images)
+    ga, la, _ = wp.vector_field_constants(ab, ax0, None)
+    assert 0 < la <= ga < math.inf

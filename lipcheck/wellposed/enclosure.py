@@ -422,14 +422,13 @@ def _distance(steps, coefs, ref_pieces, dtype):
     Mabs_rows = M.abs().sum(1)  # (5,)
     ev = ln.gamma(12, u)
 
-    def info(c, h):
+    def info(c):
         flat = c.flatten(2)  # (5, B, n)
-        return dict(abs_sum=sample_norm(c.abs().sum(0)), dsig=sum(j * flat[j].norm(dim=-1) for j in range(1, 5)),
-                    h=h)
+        return dict(abs_sum=sample_norm(c.abs().sum(0)), dsig=sum(j * flat[j].norm(dim=-1) for j in range(1, 5)))
 
-    yinfo = [info(c, b - a) for (a, b), c in zip(steps, coefs)]
+    yinfo = [info(c) for c in coefs]
     rsteps, rcoefs, spans = ref_pieces["steps"], ref_pieces["coefs"], ref_pieces["spans"]
-    rinfo = [info(c, b - a) for (a, b), c in zip(rsteps, rcoefs)]
+    rinfo = [info(c) for c in rcoefs]
     ends = [b for _, b in steps]
     # jump margins at y's step ends: the polynomials of both neighbours, so ulp slivers are covered
     jump = [sample_norm(coefs[k + 1][0] - coefs[k].sum(0)) * (1 + ln.gamma(8, u)) + ev * (yinfo[k]["abs_sum"]
