@@ -3,6 +3,7 @@ exact solutions (the linear field F(x) = T x + b solved by expm) and known conve
 import copy
 import math
 
+import mpmath
 import numpy as np
 import pytest
 import scipy.linalg
@@ -728,11 +729,51 @@ def test_token_speed_bound_is_the_documented_formula(mixer):
     fc1, fc2 = block.mlp.fc1, block.mlp.fc2
     want += n2(fc2.weight) * (n2(fc1.weight) * rho(block.norm2) + nv(fc1.bias)) + nv(fc2.bias)
     got = wp.token_speed_bound(block)
-    assert want <= got * (1 + 1e-12) and got <= want * (1 + 1e-9), (got, want)
+    # rounded up: verified norms and the assembly's 1 + gamma_{2h+12} (16 u here) put it above the numpy value by
+    # more than numpy's own few-u rounding, and by no more than ~1e-13
+    assert want * (1 + 10 * 2.0 ** -53) <= got <= want * (1 + 1e-12), (got, want)
+    with torch.no_grad():
+        block.mlp.fc1.weight[0, 0] = math.nan
+    with pytest.raises(ValueError, match="not finite"):
+        wp.token_speed_bound(block)
     plain = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=3, depth=1,
                 use_norm=False)
     assert wp.token_speed_bound(plain.vector_field.block) == math.inf
 
+
+
+def test_token_speed_bound_rounding_allowances():
+    """Weights whose exact products vanish, so that only the documented allowances remain, checked at 50 digits:
+    with W_V^h using value channels 0-1 and W_O^h reading channels 2-3 only, P_h = W_V^h W_O^h = 0 exactly, and
+    the bound carries gamma_{d+2} ||W_V^h||_F ||W_O^h||_F for the product's rounding; the MLP weights are zero and
+    the biases are not; the assembly is rounded up by 1 + gamma_{2h+12}."""
+    mpmath.mp.dps = 50
+    torch.manual_seed(7)
+    model = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=3, depth=1)
+    block, m = model.vector_field.block, model.vector_field.block.mixer
+    C, d, u = 8, 4, mpmath.mpf(2) ** -53
+    with torch.no_grad():
+        m.v_proj.weight.normal_()
+        m.o_proj.weight.normal_()
+        for h in range(2):  # v_proj.weight is (out, in): rows h*d+2, h*d+3 of W_V^T are zero; o_proj columns h*d, h*d+1
+            m.v_proj.weight[h * d + 2:h * d + 4] = 0
+            m.o_proj.weight[:, h * d:h * d + 2] = 0
+        m.o_proj.bias.normal_()
+        block.mlp.fc1.weight.zero_()
+        block.mlp.fc2.weight.zero_()
+        block.mlp.fc2.bias.normal_()
+    assert float(m.head_projections().abs().max()) == 0.0
+    g = lambda n: n * u / (1 - n * u)  # noqa: E731
+    fro = lambda t: mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(x)) ** 2 for x in t.flatten()))  # noqa: E731
+    alpha = m.gaussian_params()[0].detach()
+    from lipcheck.bounds.attention import layernorm_image_radius
+    rho1 = mpmath.mpf(layernorm_image_radius(block.norm1))
+    heads = mpmath.fsum(mpmath.fsum(abs(mpmath.mpf(float(a))) for a in alpha[h]) * (1 + g(4)) * g(d + 2)
+                        * fro(m.v_proj.weight[h * d:(h + 1) * d]) * (1 + g(C * d + 1))
+                        * fro(m.o_proj.weight[:, h * d:(h + 1) * d]) * (1 + g(C * d + 1)) for h in range(2))
+    want = (rho1 * heads + fro(m.o_proj.bias) * (1 + g(C + 1)) + fro(block.mlp.fc2.bias) * (1 + g(C + 1))) * (1 + g(16))
+    got = wp.token_speed_bound(block)
+    assert abs(got - want) <= 6 * u * want, (got, want)  # the float64 evaluation of the formula: ~2 u here
 
 def test_segment_variance_floor_is_the_documented_formula():
     """segment_variance_floor against its docstring, evaluated here with numpy: per token and interval k the larger of

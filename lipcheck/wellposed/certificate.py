@@ -86,7 +86,7 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
         F_y = block.vector_field(y.flatten(0, 1)).reshape(y.shape)
         start = 2 ** math.ceil(math.log2(max(len(grid) - 1, 8)))  # steps land on the grid anyway
         ref = reference_solution(block, x0, t1, t=grid, rel_tol=reference_rtol, start_steps=start)
-    speed = token_speed_bound(block, dtype=dtype, device=x0.device)
+    speed = token_speed_bound(block, device=x0.device)
     n = len(grid) - 1
     dy = torch.empty_like(y)
     sup_d1, sup_d2 = torch.zeros(n, B, **fk), torch.zeros(n, B, **fk)

@@ -39,39 +39,57 @@ def vector_field_constants(block, states: torch.Tensor, min_variance: float | No
     return float(res.global_bound), float(local), res
 
 
-def token_speed_bound(block, *, dtype=torch.float64, device=None) -> float:
-    """B with ||F(x)_i|| <= B for every state x and token i (inf without LayerNorm).
+def token_speed_bound(block, *, device=None) -> float:
+    """B with ||F(x)_i|| <= B for every state x and token i (inf without LayerNorm), rounding included.
 
     Every LN output token lies in a ball of radius rho = max|gamma| sqrt(C) + ||beta||. SSoG: token i of
     sum_h K_h U P_h has norm <= sum_h (sum_j |K_h[i, j]|) ||P_h|| rho, and each normalised Gaussian row sums
     to <= 1, so sum_j |K_h[i, j]| <= sum_m |alpha[h, m]|. Attention: each head outputs a convex combination
     of its value tokens. MLP: |GELU(z)| <= |z|.
+
+    Evaluated in float64 from the weights as stored (an exact conversion) and rounded up, so B is a true bound:
+    spectral norms verified by Cholesky (rounding.norm2_upper), ||P_h|| <= ||fl(W_V^h W_O^h)||_2 +
+    gamma_{d+2} ||W_V^h||_F ||W_O^h||_F, vector norms and sums of k terms times 1 + gamma_{k+1}, and the assembly
+    (nonnegative terms, at most 2 h + 12 operations along any path) times 1 + gamma_{2h+12}.
     """
     if not isinstance(block.norm1, torch.nn.LayerNorm):
         return math.inf
-    fk = dict(dtype=dtype, device=device)
-    op = lambda w: float(torch.linalg.matrix_norm(w.detach().to(**fk), ord=2))
-    vec = lambda b: float(b.detach().to(**fk).norm()) if b is not None else 0.0
     from ..bounds.attention import layernorm_image_radius
+    from ..rounding import gamma, norm2_upper
+    u = torch.finfo(torch.float64).eps / 2
+    f64 = lambda w: w.detach().to(dtype=torch.float64, device=device)  # noqa: E731
+    op = lambda w: float(norm2_upper(f64(w)))  # noqa: E731
+    fro = lambda w: float(f64(w).norm()) * (1 + gamma(w.numel() + 1, u))  # noqa: E731
+    vec = lambda b: fro(b) if b is not None else 0.0  # noqa: E731
     rho1 = layernorm_image_radius(block.norm1)
     mixer = block.mixer
     if isinstance(mixer, SSoG):
-        alpha = mixer.gaussian_params()[0].detach().to(**fk)
-        P = mixer.head_projections().detach().to(**fk)
-        speed = sum(float(alpha[h].abs().sum()) * op(P[h]) for h in range(mixer.num_heads)) * rho1
-        speed += vec(mixer.o_proj.bias)
-    elif isinstance(mixer, DenseAttention):
+        alpha = f64(mixer.gaussian_params()[0])
         d = mixer.head_dim
-        WV, bV = mixer.v_proj.weight.detach().to(**fk), mixer.v_proj.bias
-        heads = [op(WV[h * d:(h + 1) * d]) * rho1 + (vec(bV[h * d:(h + 1) * d]) if bV is not None else 0.0)
-                 for h in range(mixer.num_heads)]
-        speed = op(mixer.o_proj.weight) * math.sqrt(sum(v * v for v in heads)) + vec(mixer.o_proj.bias)
+        WV, WO = f64(mixer.v_proj.weight).T, f64(mixer.o_proj.weight).T  # X @ WV, then @ WO (head_projections)
+        heads = mixer.num_heads
+        speed = 0.0
+        for h in range(heads):
+            Vh, Oh = WV[:, h * d:(h + 1) * d], WO[h * d:(h + 1) * d, :]
+            P = op(Vh @ Oh) + gamma(d + 2, u) * fro(Vh) * fro(Oh)
+            speed += float(alpha[h].abs().sum()) * (1 + gamma(alpha.shape[1] + 1, u)) * P
+        speed = speed * rho1 + vec(mixer.o_proj.bias)
+    elif isinstance(mixer, DenseAttention):
+        d, heads = mixer.head_dim, mixer.num_heads
+        WV, bV = mixer.v_proj.weight, mixer.v_proj.bias
+        per = [op(WV[h * d:(h + 1) * d]) * rho1 + (vec(bV[h * d:(h + 1) * d]) if bV is not None else 0.0)
+               for h in range(heads)]
+        speed = op(mixer.o_proj.weight) * math.sqrt(sum(v * v for v in per)) + vec(mixer.o_proj.bias)
     else:
         raise TypeError(f"unknown mixer {type(mixer).__name__}; expected SSoG or DenseAttention")
     if block.mlp is not None:
         rho2 = layernorm_image_radius(block.norm2)
         fc1, fc2 = block.mlp.fc1, block.mlp.fc2
         speed += op(fc2.weight) * (op(fc1.weight) * rho2 + vec(fc1.bias)) + vec(fc2.bias)
+    speed *= 1 + gamma(2 * heads + 12, u)
+    if not math.isfinite(speed):
+        raise ValueError(f"the token speed bound came out {speed}: the block's weights are not finite or too large "
+                         f"for float64; check them")
     return speed
 
 
@@ -134,7 +152,7 @@ def worst_direction(block, x0: torch.Tensor, t1: float, *, iters: int = 8, steps
 def auto_grid(block, x0: torch.Tensor, t1: float, *, lo: int = 16, hi: int = 512) -> int:
     """Sampled intervals so that the drift margin of `segment_variance_floor` (2 speed dt / sqrt(C)) is at most half
     the smallest token std of x0: then the certified variance floor keeps about a quarter of the initial one."""
-    speed = token_speed_bound(block, dtype=x0.dtype, device=x0.device)
+    speed = token_speed_bound(block, device=x0.device)
     if not math.isfinite(speed) or speed == 0:
         return lo
     sigma0 = float(token_std(x0).min())
@@ -177,7 +195,7 @@ def perturbation_growth(model, images, *, eps: float = 1e-3, grid: int | None = 
     ref = reference_solution(block, torch.cat([x0, *ys]), t1, t=t, rel_tol=reference_rtol,
                              start_steps=2 ** math.ceil(math.log2(grid)))  # steps land on the grid anyway
     X = ref.states[:, :B]
-    drift = token_speed_bound(block, dtype=dtype, device=x0.device) * (t1 / grid)
+    drift = token_speed_bound(block, device=x0.device) * (t1 / grid)
     margin = float(ref.abs_error.max())  # every token's error is at most its sample's
     out = {"eps": eps, "grid": grid, "t": t.tolist(), "reference": ref.summary(),
            "speed_bound": drift * grid / t1, "power_iteration_sigma": power, "directions": {}}
