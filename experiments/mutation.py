@@ -279,6 +279,30 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/majorant.py", r"CellModel\.remainder", r"self\.c_abs\[None\] - self\.eta_c\[None\]",
      "now killed by tests/test_majorant.py::test_cell_remainder_bounds_and_matches_taylor (the radius-0 allowance "
      "pinned to proofs/S2.md at 50 digits; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/enclosure.py", r"_distance", r"zero = torch\.zeros\(B, \)",
+     "equivalent: zeros are exact in every dtype and promote to the distance's float64 when added; CPU only"),
+    ("lipcheck/wellposed/enclosure.py", r"_enclose_direct", r"err_d2=ev \* sum\(j \* \(j - 1\) \* cn\[j\] for j in range\([3-9], 5\)\)",
+     "code removed since: err_d2 was never read (an equivalent mutant); the step record no longer holds it"),
+    ("lipcheck/wellposed/enclosure.py", r"_enclose_direct", r'smp\["XXyXX"\] = None',
+     "memory only: the sampled states of the previous step are then kept until the next step replaces them; no "
+     "result reads them"),
+    ("lipcheck/wellposed/enclosure.py", r"enclose_field", r"K = math\.ceil\(len\(rpieces\[0\]\) / 1\.25",
+     "tightness only: the reference's re-solve gets fewer grid steps (a less accurate reference); the enclosure "
+     "around any reference is proven, and the tightness tests allow for this factor"),
+    ("lipcheck/wellposed/gradients.py", r"gradient_check", r'rel_x0 = float\(\(a\["grad_x0"\] \+ b\["grad_x0"\]\)',
+     "now killed by tests/test_wellposed.py::test_adjoint_and_backprop_gradients_against_finite_differences "
+     "(rel_diff_x0 against the "
+     "two returned gradients; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/sweep.py", r"_fit_slope", r"ly \+ ly\.mean\(\)",
+     "equivalent up to rounding: lx is centred (sum lx = 0), so sum lx (ly +- mean ly) = sum lx ly"),
+    ("lipcheck/wellposed/sweep.py", r"convergence_summary", r'"(loosest|tightest)": \{"TOL"',
+     "now killed by tests/test_wellposed.py::test_tiny_model_sweep_converges (the loosest and tightest records "
+     "against the runs; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/sweep.py", r"tolerance_sweep", r"finals\[\(method, tol if tol is not None else n\)\] = out\[\+1\]",
+     "equivalent: the solve returns the states at the two times (0, t1), so out[1] is out[-1]"),
+    ("lipcheck/wellposed/sweep.py", r"tolerance_sweep", r"(?m)^\+\s+seconds = None",
+     "now killed by tests/test_wellposed.py::test_sweep_run_records_and_a_given_reference (every run's wall time is "
+     "a positive float; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/wellposed/gronwall.py", r"perturbation_growth", r"\(grid is None\) and False|\"XXgridXX\"",
      "now killed by tests/test_wellposed.py::test_perturbation_growth_default_grid_and_report_against_an_independent_solve "
      "(added after this run, checked by applying the mutant by hand)"),

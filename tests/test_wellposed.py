@@ -127,6 +127,10 @@ def test_tiny_model_sweep_converges():
     for m in ("dopri5", "dopri8"):
         assert conv[m]["orders_gained"] >= 3, conv[m]
         assert conv[m]["tightest"]["error"] < 1e-7
+        # the end points of the sweep, as the runs recorded them
+        runs = {r["tol"]: r["error"] for r in res.runs if r["method"] == m}
+        assert conv[m]["loosest"] == {"tol": 1e-2, "error": runs[1e-2]}
+        assert conv[m]["tightest"] == {"tol": 1e-10, "error": runs[1e-10]}
     assert abs(conv["rk4"]["slope"] - 4) <= 0.3, conv["rk4"]
     assert all(3.5 < o < 4.5 for o in conv["rk4"]["order_per_halving"])
     assert res.convergence["spread"] < 1e-7  # one limit trajectory
@@ -389,6 +393,8 @@ def test_adjoint_and_backprop_gradients_against_finite_differences():
     assert r["backprop"]["nfe_backward"] == 0 and r["adjoint"]["nfe_backward"] > 0
     assert r["adjoint"]["accepted_backward"] > 0 and r["backprop"]["accepted"] == r["adjoint"]["accepted"]
     assert 0 < r["rel_diff"] < 1e-4 and r["backprop"]["min_step_clamps"] == 0  # min_step = 0: no clamp
+    ga, gb = r["grad_x0_adjoint"], r["grad_x0_backprop"]  # the x0 part of the distance, from the two gradients
+    assert r["rel_diff_x0"] == pytest.approx(float((ga - gb).norm() / gb.norm()), rel=1e-12) and r["rel_diff_x0"] < 1e-4
     clamped = wp.gradient_check(model, images, tol=1e-12, min_step=float(model.t1) / 4)
     # at tol 1e-12 the solver wants far shorter steps than t1/4: every step of length t1/4 is a forced accept
     assert 1 <= clamped["backprop"]["min_step_clamps"] <= clamped["backprop"]["accepted"] <= 4
@@ -694,6 +700,7 @@ def test_sweep_run_records_and_a_given_reference():
             assert r["error"] == pytest.approx(want, rel=1e-12) and r["errors"] == [r["error"]]
         s = res.summary()
         assert s["mixer"] == "ssog" and s["runs"] is res.runs and s["convergence"] is res.convergence
+        assert all(isinstance(r["seconds"], float) and r["seconds"] > 0 for r in res.runs)  # wall time per run
         assert s["reference"] == res.reference.summary() and s["reference"]["steps"] == res.reference.steps
     # the interpolated final state is another (nearby) value than the landed one
     d = float((free.finals[("dopri5", 1e-4)] - land.finals[("dopri5", 1e-4)]).norm())

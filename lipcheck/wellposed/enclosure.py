@@ -540,8 +540,7 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
         step_info.append(dict(h=h, cn=cn, d1=_bern_sup(c, h, 1), d2=_bern_sup(c, h, 2), d3=_bern_sup(c, h, 3),
                               speed=speed_tok.amax(1), speed_tok=speed_tok, err_y=ev * abs_sum,
                               sq4=(speed_tok ** 4).sum(1).sqrt() * (1 + ln.gamma(N + 4 * C + 64, u)),
-                              err_d1=ev * sum(j * cn[j] for j in range(1, 5)) / h,
-                              err_d2=ev * sum(j * (j - 1) * cn[j] for j in range(2, 5)) / h ** 2))
+                              err_d1=ev * sum(j * cn[j] for j in range(1, 5)) / h))
     jumps = [torch.zeros(B, **fk)] + [sample_norm(coefs[k + 1][0] - coefs[k].sum(0)) * (1 + ln.gamma(8, u))
                                      + step_info[k]["err_y"] + step_info[k + 1]["err_y"]
                                      for k in range(len(steps) - 1)]
