@@ -982,6 +982,10 @@ def test_summary_reports_distance_and_reference_radius_at_t1():
     assert s["method_kind"] == "reference" and s["ref_tol"] == 1e-7 and s["tol"] == 1e-4
     # the step counts are y's (the user's solve); the reference's are under "reference"
     assert s["steps"] == s["accepted"] == len(enc.steps) == len(s["step_sizes"]) < s["reference"]["steps"]
+    from lipcheck.wellposed import enclosure as E
+    _, _, mine = E.piecewise_quartic(LinearField(A), x0, 1.0, tol=1e-4)  # the user's solve, repeated here
+    assert (s["nfe_forward"], s["nfe_dense_output"]) == (mine["nfe_forward"], mine["nfe_dense_output"])
+    assert s["nfe_dense_output"] < s["reference"]["nfe_dense_output"]
     direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=None).summary()
     assert "method_kind" not in direct and "ref_tol" not in direct
     assert direct["distance_t1"] is None and direct["radius_t1"] == direct["radius"][0][-1:] + direct["radius"][1][-1:]

@@ -514,6 +514,11 @@ def test_flow_map_is_fixed_step_rk4():
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     exact_t1 = scipy.linalg.expm(T * t1) @ x0.reshape(-1).numpy()
     assert np.linalg.norm(got - exact_t1) > 1e-4 * np.linalg.norm(exact_t1)
+    # an end time float32 cannot hold (0.1): the flow integrates to it in the state's float64, not to fl32(0.1)
+    R = sum(np.linalg.matrix_power(0.05 * T, k) / math.factorial(k) for k in range(5))
+    want = R @ R @ x0.reshape(-1).numpy()
+    got = wp.flow_map(block, 0.1, steps=2)(x0).reshape(-1).numpy()
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
 
 def test_worst_direction_single_iteration_is_a_lower_bound():
