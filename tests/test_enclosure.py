@@ -1380,3 +1380,22 @@ def test_piecewise_quartic_refuses_steps_that_stop_short_of_t1(monkeypatch):
     A, x0 = _linear_case()
     with pytest.raises(wp.EnclosureError, match="do not end on t1"):
         E.piecewise_quartic(LinearField(A), x0, 1.0, tol=1e-4)
+
+
+def test_rayleigh_lower_without_a_jacobian_method_uses_the_dense_jacobian():
+    """SSoGField has no jacobian(): rayleigh_lower takes the block's dense Jacobian. Its value is an attained
+    Rayleigh quotient of the symmetric part less the rounding allowance, so below lambda_max((J + J^T) / 2) of the
+    autograd Jacobian and within 1e-10 of it."""
+    from lipcheck import ViT
+    from lipcheck.wellposed import enclosure as E
+    torch.manual_seed(4)
+    model = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=8, num_heads=2, num_components=2, depth=1)
+    block = model.vector_field.block
+    field = E.SSoGField(block, 2, 2)
+    assert not hasattr(field, "jacobian")
+    y = torch.randn(2, 2, 2, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+    lo = E.rayleigh_lower(field, y, 0.0)
+    for b in range(2):
+        J = torch.autograd.functional.jacobian(lambda z: block.vector_field(z[None])[0], y[b]).reshape(32, 32)
+        top = float(torch.linalg.eigvalsh((J + J.T) / 2).max())
+        assert top - 1e-10 * (1 + abs(top)) <= float(lo[b]) <= top

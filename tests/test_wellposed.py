@@ -100,6 +100,10 @@ def test_linear_certificate_bounds_the_exact_error():
     images = torch.randn(1, 3, 12, 12, dtype=D)
     A, T = augmented_matrix(layer, 3, 3)
     c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    assert (c["method"], c["tol"]) == ("dopri5", 1e-3)
+    # per_step=None: an even count >= 8 per accepted step, so at least 8 intervals per step on the shared grid
+    d = wp.aposteriori_certificate(model, images, tol=1e-3)
+    assert len(d["t"]) >= 8 * d["accepted"] + 1 and d["violations"] == 0
     # the dense output it certified, recomputed, against the exact solution at every sampled time
     block, x0, _ = wp.prepare(model, images)
     y, _ = wp.solve(block, x0, torch.tensor(c["t"], dtype=D), "dopri5", tol=1e-3)
@@ -343,6 +347,10 @@ def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
     model, layer = linear_model(seed=2)
     images = torch.randn(1, 3, 12, 12, dtype=D)
     c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    assert (c["method"], c["tol"]) == ("dopri5", 1e-3)
+    # per_step=None: an even count >= 8 per accepted step, so at least 8 intervals per step on the shared grid
+    d = wp.aposteriori_certificate(model, images, tol=1e-3)
+    assert len(d["t"]) >= 8 * d["accepted"] + 1 and d["violations"] == 0
     t, d, L = np.array(c["t"]), np.array(c["delta"][0]), c["L"]
 
     def gronwall(t, d):
@@ -456,6 +464,10 @@ def test_certificate_samples_every_step_evenly_and_reports_the_quartic_margin():
     model, layer = linear_model(seed=2)
     images = torch.randn(1, 3, 12, 12, dtype=D)
     c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    assert (c["method"], c["tol"]) == ("dopri5", 1e-3)
+    # per_step=None: an even count >= 8 per accepted step, so at least 8 intervals per step on the shared grid
+    d = wp.aposteriori_certificate(model, images, tol=1e-3)
+    assert len(d["t"]) >= 8 * d["accepted"] + 1 and d["violations"] == 0
     t = np.array(c["t"])
     K = c["accepted"]
     assert K >= 2 and len(t) == 8 * K + 1 and t[0] == 0.0 and t[-1] == model.t1
@@ -897,3 +909,13 @@ def test_vector_field_constants_never_exceed_the_states_own_variance():
     ab, ax0, _ = wp.prepare(att, images)
     ga, la, _ = wp.vector_field_constants(ab, ax0, None)
     assert 0 < la <= ga < math.inf
+
+
+def test_min_step_clamp_count_includes_steps_at_the_floor():
+    """A step accepted at exactly min_step was held at the floor (the controller asked for less): it counts as a
+    clamp, as does any shorter one (the last step to t1); longer steps and min_step = 0 count none."""
+    from lipcheck.wellposed.gradients import _PassCounter
+    model, _ = linear_model(seed=0)
+    steps = [(0.0, 0.25), (0.25, 0.25), (0.5, 0.375), (0.875, 0.125), (1.0, -0.25)]  # (t, dt) as recorded
+    assert _PassCounter(model.vector_field.block, 0.25).clamped(steps) == 4
+    assert _PassCounter(model.vector_field.block, 0.0).clamped(steps) == 0
