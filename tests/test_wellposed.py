@@ -34,6 +34,17 @@ def linear_model(seed=0, scale=0.3):
     return model, layer
 
 
+def small_block(mixer, seed, *, num_components=2):
+    """The block of a 1-layer ODE ViT (8 channels, 2 heads, pre-LN, MLP) with every parameter drawn N(0, 0.5^2)."""
+    torch.manual_seed(seed)
+    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=num_components,
+                depth=1)
+    block = model.vector_field.block
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)
+    return block
+
 def augmented_matrix(layer, H, W):
     """[[T, b], [0, 0]] on row-major vec(X), T = sum_h kron(K_h, P_h^T), b tiled over tokens."""
     K = layer.operator_matrix(H, W).detach()
@@ -168,12 +179,7 @@ def test_segment_variance_floor_is_a_lower_bound(seed, s, tau, scale):
 @settings(deadline=None, max_examples=10)
 @given(st.integers(0, 10_000), st.sampled_from(["ssog", "attention"]), st.floats(0.01, 100.0))
 def test_token_speed_bound_holds(seed, mixer, scale):
-    torch.manual_seed(seed)
-    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=2, depth=1)
-    block = model.vector_field.block
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(std=0.5)
+    block = small_block(mixer, seed, num_components=2)
     x = torch.randn(3, 4, 4, 8, dtype=D) * scale
     with torch.no_grad():
         speed = float(block.vector_field(x).norm(dim=-1).max())
@@ -184,12 +190,8 @@ def test_token_speed_bound_holds(seed, mixer, scale):
 def test_token_speed_bound_holds_where_the_output_bias_dominates(mixer):
     """With the mixer's output bias 100x the weights, every token's speed is about ||b_O||: a bound that
     subtracts the bias (or drops it) falls below the speed actually measured."""
-    torch.manual_seed(3)
-    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=2, depth=1)
-    block = model.vector_field.block
+    block = small_block(mixer, 3, num_components=2)
     with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(std=0.5)
         block.mixer.o_proj.bias.mul_(100)
         speed = float(block.vector_field(torch.randn(3, 4, 4, 8, dtype=D)).norm(dim=-1).max())
     bound = wp.token_speed_bound(block)
@@ -732,12 +734,7 @@ def test_token_speed_bound_is_the_documented_formula(mixer):
     """token_speed_bound against its docstring, evaluated here with numpy: rho = max|gamma| sqrt(C) + ||beta|| per
     LayerNorm; SSoG rho1 sum_h (sum_m |alpha_hm|) ||P_h||_2 + ||b_O||; attention ||W_O||_2 sqrt(sum_h (||W_V,h||_2 rho1
     + ||b_V,h||)^2) + ||b_O||; MLP ||W2||_2 (||W1||_2 rho2 + ||b1||) + ||b2||; inf without LayerNorm."""
-    torch.manual_seed(5)
-    model = ViT("ode", mixer, dtype=D, img_size=8, patch_size=2, dim=8, num_heads=2, num_components=3, depth=1)
-    block = model.vector_field.block
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(std=0.5)
+    block = small_block(mixer, 5, num_components=3)
     n2 = lambda w: np.linalg.norm(w.detach().numpy(), 2)  # noqa: E731
     nv = lambda b: np.linalg.norm(b.detach().numpy())  # noqa: E731
     rho = lambda ln: math.sqrt(8) * float(ln.weight.abs().max()) + nv(ln.bias)  # noqa: E731

@@ -54,12 +54,12 @@ def token_speed_bound(block, *, device=None) -> float:
     """
     if not isinstance(block.norm1, torch.nn.LayerNorm):
         return math.inf
-    from ..bounds.attention import layernorm_image_radius
-    from ..rounding import gamma, norm2_upper
-    u = torch.finfo(torch.float64).eps / 2
+    from ..bounds.attention import _frobenius_upper, layernorm_image_radius
+    from ..rounding import gamma, norm2_upper, unit_roundoff
+    u = unit_roundoff(torch.float64)
     f64 = lambda w: w.detach().to(dtype=torch.float64, device=device)  # noqa: E731
     op = lambda w: float(norm2_upper(f64(w)))  # noqa: E731
-    fro = lambda w: float(f64(w).norm()) * (1 + gamma(w.numel() + 1, u))  # noqa: E731
+    fro = lambda w: _frobenius_upper(f64(w), u)  # noqa: E731
     vec = lambda b: fro(b) if b is not None else 0.0  # noqa: E731
     rho1 = layernorm_image_radius(block.norm1)
     mixer = block.mixer
