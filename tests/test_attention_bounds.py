@@ -607,3 +607,22 @@ def test_overflow_messages_name_the_term():
     assert all(math.isfinite(v) for v in t.values()) and not math.isfinite(sum(t.values())), t
     with pytest.raises(ValueError, match="the attention bound overflows"):
         ab.attention_lipschitz_on_ball(layer, 1e150, 4)
+
+
+@pytest.mark.parametrize("dt,scales", [(torch.float64, (1e-300, 1e-170, 1.0, 1e170, 1e300)),
+                                       (torch.float32, (1e-30, 1.0, 1e30))])
+def test_frobenius_upper_at_every_scale(dt, scales):
+    """_frobenius_upper against the 40-digit Frobenius norm: never below it, within a few gamma_{k+1} of it, at
+    scales where the plain sum of squares underflows to 0 or overflows to inf (3e-170, 4e-170 -> 0 in float64)."""
+    import mpmath
+    from lipcheck.bounds.attention import _frobenius_upper
+    mpmath.mp.dps = 40
+    u = torch.finfo(dt).eps / 2
+    g = torch.Generator().manual_seed(2)
+    for sc in scales:
+        x = (torch.randn(5, 7, generator=g, dtype=torch.float64) * sc).to(dt)
+        exact = mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(t)) ** 2 for t in x.double().flatten()))
+        v = _frobenius_upper(x, u)
+        assert exact <= v <= exact * (1 + 3 * 37 * u), (sc, v, exact)
+    assert _frobenius_upper(torch.zeros(3, dtype=dt), u) == 0.0
+    assert math.isnan(_frobenius_upper(torch.tensor([1.0, math.nan], dtype=dt), u))  # callers refuse non-finite

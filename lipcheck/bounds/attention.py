@@ -64,8 +64,24 @@ _ASSEMBLY_OPS = 24
 
 
 def _frobenius_upper(M: torch.Tensor, u: float) -> float:
-    """Upper bound on ||M||_F from its computed value: a sum of k squares and one sqrt, gamma_{k+1}."""
-    return float(torch.linalg.vector_norm(M)) * (1 + gamma(M.numel() + 1, u))
+    """Upper bound on ||M||_F from its computed value: a sum of k squares and one sqrt, gamma_{k+1}.
+
+    M is first divided by 2^e, max|M| in [1/2, 1) (exact), so its squares neither overflow nor underflow
+    wholesale; squares that still fall below the normal range err by <= one subnormal step each, covered by
+    sqrt(k * smallest subnormal); the result is multiplied back by 2^e, rounded up. inf if it overflows."""
+    m = float(M.abs().max()) if M.numel() else 0.0
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    e = math.frexp(m)[1]
+    fi = torch.finfo(M.dtype)
+    k = M.numel()
+    s = float(torch.linalg.vector_norm(torch.ldexp(M, torch.tensor(-e, dtype=M.dtype, device=M.device))))
+    s = s * (1 + gamma(k + 1, u)) + math.sqrt(k * fi.smallest_normal * fi.eps)
+    try:
+        r = math.ldexp(s * (1 + gamma(2, unit_roundoff(torch.float64))), e)
+    except OverflowError:
+        return math.inf
+    return math.nextafter(r, math.inf) if r < 2.2250738585072014e-308 else r
 
 
 def _head_norms(layer: DenseAttention, *, dtype=torch.float64, device=None):
