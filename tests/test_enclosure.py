@@ -4,6 +4,7 @@ Checked against solutions computed independently inside the tests: the matrix ex
 x' = A x, and mpmath's high-precision Taylor solver (odefun, 20 digits) for a small tanh neural ODE.
 Failures must be reported as failures (not proven, with a reason), never as a radius.
 """
+import dataclasses
 import math
 
 import mpmath
@@ -299,7 +300,9 @@ def test_field_constants_match_independent_norms():
     assert close(k.ln_curvature(1, v), c1) and close(k.ln_curvature(2, v), c2)
     mlp = k.W2 * k.gelu1 * k.W1
     assert close(k.lipschitz(v), k.T_norm * l1 + mlp * l2)
-    assert close(k.curvature(v), k.T_norm * c1 + mlp * c2 + k.W2 * math.sqrt(2 / math.pi) * k.W1 ** 2 * l2 * l2)
+    rows = float(np.linalg.norm(w1.numpy(), axis=1).max())  # the largest row norm of W1, taken here
+    assert close(k.W1_row, rows) and k.W1_row >= rows and k.W1_row < k.W1
+    assert close(k.curvature(v), k.T_norm * c1 + mlp * c2 + k.W2 * math.sqrt(2 / math.pi) * k.W1 * rows * l2 * l2)
     # and the Lipschitz constant bounds the exact Jacobian norm at states of token variance >= v
     f = lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1)
     for s in range(3):
@@ -353,6 +356,52 @@ def test_curvature_bounds_finite_differences_of_the_jacobian():
         assert d2 <= bound, (d2, bound)
         worst = max(worst, d2 / bound)
     assert worst > 1e-3  # the bound is not vacuous by orders of magnitude
+
+
+def test_mlp_curvature_term_is_attained_by_a_single_row():
+    """Lemma 1's MLP term ||W2|| sup|GELU''| R ||W1|| ||w||^2 (R: W1's largest row norm) is an equality when W1 has
+    one nonzero row r, w is parallel to r and the pre-activation sits at 0 (where |GELU''| peaks); with a second
+    row it still bounds the exact second derivative (autograd); and R, computed row by row with rounding up, stays
+    a true bound at 1e-200 (where the squares of the entries underflow)."""
+    C, hid = 4, 3
+    r = torch.tensor([0.6, -0.8, 0.0, 0.0], dtype=D) * 1.5  # ||r|| = 1.5
+    W1 = torch.zeros(hid, C, dtype=D)
+    W1[1] = r
+    W2 = torch.zeros(C, hid, dtype=D)
+    W2[2, 1] = 2.0  # ||W2|| = 2
+    gelu = torch.nn.GELU()
+    mlp = lambda z: W2 @ gelu(W1 @ z)  # noqa: E731
+    w = r / 1.5 * 0.3
+    d2 = torch.autograd.functional.hessian(lambda z: mlp(z)[2], torch.zeros(C, dtype=D))
+    exact = abs(float(w @ d2 @ w))  # only output 2 is nonzero
+    k = ln.FieldConstants(C=C, N=1, T_norm=0.0, T_abs=0.0, g1=1.0, g2=1.0, eps1=math.inf, eps2=math.inf, W1=1.5,
+                          W2=2.0, W1_abs=1.5, W2_abs=2.0, gelu1=1.2, bias_norm=0.0, rho1=math.inf, rho2=math.inf,
+                          hidden=hid, W1_row=1.5)
+    bound = k.curvature(0.0) * float(w.norm()) ** 2
+    assert abs(exact - 2.0 * math.sqrt(2 / math.pi) * 1.5 ** 2 * 0.09) < 1e-12
+    assert exact <= bound <= exact * (1 + 1e-12)  # attained
+    assert dataclasses.replace(k, W1_row=math.inf).curvature(0.0) == k.curvature(0.0)  # unknown R: ||W1|| instead
+    # a second row: the bound holds for every w (D^2 MLP(z)[w, w] by nested autograd)
+    W1[0] = torch.tensor([0.0, 0.3, 1.0, 0.5], dtype=D)
+    W2[0, 0] = 1.0
+    k2 = dataclasses.replace(k, W1=float(torch.linalg.matrix_norm(W1, 2)), W2=float(torch.linalg.matrix_norm(W2, 2)),
+                             W1_row=float(W1.norm(dim=1).max()))
+    assert k2.curvature(0.0) < dataclasses.replace(k2, W1_row=math.inf).curvature(0.0)
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for _ in range(20):
+        z, w = torch.randn(C, generator=g, dtype=D), torch.randn(C, generator=g, dtype=D)
+        dd = torch.func.jvp(lambda x: torch.func.jvp(mlp, (x,), (w,))[1], (z,), (w,))[1]
+        worst = max(worst, float(dd.norm()) / (k2.curvature(0.0) * float(w.norm()) ** 2))
+    assert worst <= 1 + 1e-12
+    # R from field_constants: rounded up row by row, true at 1e-200 (squares of 1e-200 underflow to 0)
+    blk = _block(seed=5)
+    with torch.no_grad():
+        blk.mlp.fc1.weight.mul_(1e-200)
+    kk = ln.field_constants(blk, 1, 1)
+    mpmath.mp.dps = 40
+    ref = max(mpmath.sqrt(sum(mpmath.mpf(float(x)) ** 2 for x in row)) for row in blk.mlp.fc1.weight)
+    assert mpmath.mpf(kk.W1_row) >= ref and kk.W1_row <= float(ref) * (1 + 1e-12)
 
 
 def test_rounding_bounds_formula_and_float32_errors():
@@ -657,6 +706,22 @@ def test_structured_lognorm_cache_gives_a_valid_bound():
         S = ((D2 + D2.transpose(-1, -2)) / 2).numpy()
         top = np.linalg.eigvalsh(S).max(axis=-1).max(axis=-1)
         assert (top + k.T_norm * n1.amax(-1).numpy() <= val.numpy()).all()
+    # the eigensolver reruns only for the tokens whose cached vector fails, and the vectors it leaves behind are
+    # the top eigenvectors (numpy's, up to sign): the next point then certifies from the cache alone
+    n1, D2 = ln.token_jacobians(blk, y * 1.02)
+    S = ((D2 + D2.transpose(-1, -2)) / 2).numpy()
+    w, V = np.linalg.eigh(S)
+    cache["vec"] = torch.from_numpy(V[..., -1].copy())
+    cache["vec"][0, 1] = torch.randn(6, generator=torch.Generator().manual_seed(4), dtype=D)  # one bad token
+    before = cache["eigensolves"]
+    d = ln.structured_lognorm(blk, k, y * 1.02, 0.0, cache=cache)
+    assert cache["eigensolves"] == before + 1
+    assert np.allclose(np.abs((cache["vec"].numpy() * V[..., -1]).sum(-1)), 1.0, atol=1e-8)
+    assert (w.max(axis=-1).max(axis=-1) + k.T_norm * n1.amax(-1).numpy() <= d.numpy()).all()
+    hits = cache.get("hits", 0)
+    e = ln.structured_lognorm(blk, k, y * 1.02, 0.0, cache=cache)
+    assert cache["hits"] == hits + 1 and cache["eigensolves"] == before + 1
+    assert (e.numpy() <= d.numpy() + 3e-3 * (1 + np.abs(d.numpy()))).all()  # no looser than Cholesky's 0.2 % slack
 
 
 def test_time_budget_reports_what_holds_so_far():

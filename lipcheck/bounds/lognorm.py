@@ -54,6 +54,7 @@ class FieldConstants:
     rho1: float  # LN1 image radius per token (sqrt(C) g1 + ||beta1||), inf for Identity
     rho2: float
     hidden: int
+    W1_row: float = math.inf  # max_j ||row j of W1||_2 (<= ||W1||; inf: unknown, ||W1|| is used)
 
     @property
     def mlp_lipschitz(self) -> float:
@@ -84,8 +85,10 @@ class FieldConstants:
         """M2 with ||J_F(x) - J_F(z)|| <= M2 max_i ||x_i - z_i|| (and ||D^2 F[u, u]|| <= M2 ||u||^2) where
         every point of [x, z] has token variance >= v."""
         l2 = self.ln_jacobian(2, v)
+        # ||(W1 w) * (W1 w')||_2 <= ||W1 w||_4 ||W1 w'||_4 and ||W1 w||_4^2 <= ||W1 w||_inf ||W1 w||_2
+        # <= max_j ||w_j|| ||W1|| ||w||^2 (proofs/S5.md, Lemma 1)
         return (self.T_norm * self.ln_curvature(1, v) + self.mlp_lipschitz * self.ln_curvature(2, v)
-                + self.W2 * GELU2_SUP * self.W1 ** 2 * l2 * l2)
+                + self.W2 * GELU2_SUP * self.W1 * min(self.W1, self.W1_row) * l2 * l2)
 
 
 def _op(w) -> float:
@@ -107,6 +110,7 @@ def _ln_numbers(norm, C, fk):
 def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) -> FieldConstants:
     """The constants of `FieldConstants` for an SSoG block on an H x W grid (||T|| from `ssog_lipschitz`)."""
     from ..mixers.ssog import SSoG
+    from .attention import _frobenius_upper
     from .spectral import ssog_lipschitz, ssog_params
     if not isinstance(block.mixer, SSoG):
         raise TypeError("the enclosure needs a linear mixer (SSoG, fixed kernel): its second derivative vanishes; "
@@ -130,15 +134,16 @@ def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) 
         b1 = block.mlp.fc1.bias.detach().to(**fk).norm() if block.mlp.fc1.bias is not None else 0.0
         b2 = block.mlp.fc2.bias.detach().to(**fk).norm() if block.mlp.fc2.bias is not None else 0.0
         W1, W2, W1a, W2a = _op(w1), _op(w2), _op(w1.abs()), _op(w2.abs())
+        W1r = max(_frobenius_upper(row, unit_roundoff(w1.dtype)) for row in w1)  # largest row norm, rounded up
         bias += float(b2) + W2a * float(b1)
         hidden = w1.shape[0]
     else:
-        W1 = W2 = W1a = W2a = 0.0
+        W1 = W2 = W1a = W2a = W1r = 0.0
         hidden = 0
     from .. import symbolic
     return FieldConstants(C=C, N=H * W, T_norm=T, T_abs=T_abs, g1=g1, g2=g2, eps1=e1, eps2=e2, W1=W1, W2=W2,
                           W1_abs=W1a, W2_abs=W2a, gelu1=symbolic.gelu_derivative_sup("exact"), bias_norm=bias,
-                          rho1=r1, rho2=r2, hidden=hidden)
+                          rho1=r1, rho2=r2, hidden=hidden, W1_row=W1r)
 
 
 def rounding_bounds(k: FieldConstants, y: torch.Tensor, v: float) -> tuple[torch.Tensor, float]:
@@ -260,6 +265,24 @@ def token_jacobians(block, y: torch.Tensor, full: bool = False):
     return (D1, n1, D2) if full else (n1, D2)
 
 
+def _top_vectors(S: torch.Tensor, w: torch.Tensor, v: torch.Tensor, iterations: int = 2) -> torch.Tensor:
+    """Approximate top eigenvectors of the symmetric S (..., n, n) with top eigenvalues w, by inverse iteration
+    shifted just above w from v: a few batched solves instead of a full eigendecomposition (about 20x the cost of
+    the eigenvalues alone at n = 192). Only a guess for the next point's Cholesky certificate: never a bound."""
+    n = S.shape[-1]
+    shift = w + 1e-9 * (1 + torch.linalg.matrix_norm(S))
+    # shift I - S is positive definite (shift > lambda_max): a Cholesky solve amplifies the top eigenvector most
+    L, info = torch.linalg.cholesky_ex(shift[..., None, None] * torch.eye(n, dtype=S.dtype, device=S.device) - S)
+    good = info == 0
+    L = torch.where(good[..., None, None], L, torch.eye(n, dtype=S.dtype, device=S.device))
+    v = v + 1.0 / math.sqrt(n)  # a component along every direction, whatever the start
+    for _ in range(iterations):
+        x = torch.cholesky_solve(v[..., None], L)[..., 0]
+        v = torch.where((good & torch.isfinite(x).all(-1))[..., None], x, v)
+        v = v / v.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(S.dtype).tiny)
+    return v
+
+
 def structured_lognorm(block, k: FieldConstants, y: torch.Tensor, eps_J: float, cache: dict | None = None
                        ) -> torch.Tensor:
     """mu_2(J_F(y_b)) <= ||T|| max_i ||D1_i|| + max_i mu_2(D2_i), per sample (B,), rounding included.
@@ -272,19 +295,25 @@ def structured_lognorm(block, k: FieldConstants, y: torch.Tensor, eps_J: float, 
     if D2 is None:
         return first + eps_J
     S = (D2 + D2.transpose(-1, -2)) / 2
-    lam = None
+    ok = torch.zeros(S.shape[:-2], dtype=torch.bool, device=S.device)
+    lam = torch.full(S.shape[:-2], math.inf, dtype=S.dtype, device=S.device)
     if cache is not None and cache.get("vec") is not None and cache["vec"].shape == S.shape[:-1]:
         v = cache["vec"]
         q = torch.einsum("...i,...ij,...j->...", v, S, v)  # <= lambda_max: the certificate is tight when v is good
-        ok, val = _cholesky_certifies(S, q + 2e-3 * (1 + q.abs()), u)
+        ok, lam = _cholesky_certifies(S, q + 2e-3 * (1 + q.abs()), u)
         if bool(ok.all()):
-            lam = val
             cache["hits"] = cache.get("hits", 0) + 1
-    if lam is None:
-        w, V = torch.linalg.eigh(S)
-        lam = verified_lambda_max(S, lam=w[..., -1])  # (B, N)
+    if not bool(ok.all()):  # the eigensolver only for the tokens whose cached vector did not certify
+        Sf = S[~ok]
+        w = torch.linalg.eigvalsh(Sf)[..., -1]
+        lam = lam.clone()
+        lam[~ok] = verified_lambda_max(Sf, lam=w)
         if cache is not None:
-            cache["vec"], cache["eigensolves"] = V[..., -1], cache.get("eigensolves", 0) + 1
+            vec = cache["vec"] if cache.get("vec") is not None and cache["vec"].shape == S.shape[:-1] \
+                else torch.ones(S.shape[:-1], dtype=S.dtype, device=S.device)
+            vec = vec.clone()
+            vec[~ok] = _top_vectors(Sf, w, vec[~ok])
+            cache["vec"], cache["eigensolves"] = vec, cache.get("eigensolves", 0) + 1
     # forming D2 = W2 diag W1 J2: products of length <= hidden + C, a-priori bound in Frobenius norm
     form = gamma(k.hidden + 2 * k.C + 16, u) * k.W2_abs * k.W1_abs * k.gelu1 * float(n1.max()) * k.C
     return first + lam.amax(-1) + form + eps_J
