@@ -283,14 +283,19 @@ def test_aposteriori_certificate_with_a_too_small_constant_reports_violations(on
     images = torch.randn(1, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     bad = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, lipschitz=-30.0)
     assert bad["violations"] > 0 and bad["L"] == -30.0
+    # L = 0 (a constant field's, or one supplied): finite bounds, the defect integrated plainly, never NaN
+    zero = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, lipschitz=0.0)
+    assert zero["L"] == 0.0 and all(math.isfinite(b) for row in zero["bound"] for b in row)
+    assert zero["violations"] == sum(b < a for bs, as_ in zip(zero["bound"], zero["actual"])
+                                     for b, a in zip(bs[1:], as_[1:]))
 
 
 def test_upper_sum_is_the_closed_form_gronwall_integral():
     """Constant defect d, constant L: B(t) = d (e^{L t} - 1) / L exactly, on a non-uniform grid."""
     grid = torch.tensor([0.0, 0.1, 0.35, 0.4, 1.0, 1.7], dtype=D)
-    for L, d in ((2.0, 0.3), (-1.5, 0.7), (0.01, 1.0)):
+    for L, d in ((2.0, 0.3), (-1.5, 0.7), (0.01, 1.0), (0.0, 0.4)):
         got = wp._upper_sum(torch.full((6,), d, dtype=D), grid, L)
-        want = d * np.expm1(L * grid.numpy()) / L
+        want = d * np.expm1(L * grid.numpy()) / L if L else d * grid.numpy()  # L = 0: the limit d t
         assert np.allclose(got.numpy(), want, rtol=1e-13, atol=0), (L, got, want)
     # a defect only on the last interval [1.0, 1.7]: the larger endpoint value, integrated from 1.0 on
     delta = torch.tensor([0, 0, 0, 0, 0, 2.0], dtype=D)
