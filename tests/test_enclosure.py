@@ -523,6 +523,8 @@ def test_ssog_vit_enclosure_contains_a_tight_solution(method, lognorm):
     assert s["defect_max"] == enc.defect.amax(0).tolist()
     assert s["defect_sampled_max"] == enc.defect_sampled.amax(0).tolist()
     assert (enc.defect >= enc.defect_sampled).all()  # the rigorous sup is above the sampled values
+    field = enc._envelope_data["field"]  # the eigensolver calls its log-norm needed, as reported
+    assert enc.stats["eigensolves"] == (field._dense.eigensolves if lognorm == "dense" else field._cache["eigensolves"])
 
 
 def test_ssog_field_pieces_against_the_block():
@@ -786,6 +788,12 @@ def test_envelope_intervals_tile_the_enclosure_times():
         t = (enc.reference or enc).t.tolist()
         assert len(taus) == len(t) - 1
         assert np.allclose(taus, np.diff(t), rtol=0, atol=1e-14) and abs(sum(taus) - 1.0) <= 1e-13, kw
+        # every interval records its log-norm, token std floor and drift per sample; the closing one after a failure
+        # has no log-norm (inf), no floor (0) and no drift bound (inf)
+        assert all(set(iv) == {"tau", "lam", "std", "drift"} for iv in enc._envelope_data["intervals"])
+        if "tube" in kw:
+            assert enc._envelope_data["intervals"][-1] == dict(tau=taus[-1], lam=[math.inf] * 2, std=[0.0] * 2,
+                                                               drift=[math.inf] * 2)
     assert enc.reference.stats["tol"] == enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.stats["tol"] == 1e-6
     # the pieces kept with the result are the user's solve y: its quartics give the reported centres
     steps, coefs = enc._pieces["steps"], enc._pieces["coefs"]
@@ -1050,7 +1058,21 @@ def test_summary_reports_distance_and_reference_radius_at_t1():
     from lipcheck.wellposed import enclosure as E
     _, _, mine = E.piecewise_quartic(LinearField(A), x0, 1.0, tol=1e-4)  # the user's solve, repeated here
     assert (s["nfe_forward"], s["nfe_dense_output"]) == (mine["nfe_forward"], mine["nfe_dense_output"])
-    assert s["nfe_dense_output"] < s["reference"]["nfe_dense_output"]
+    assert s["nfe_dense_output"] < s["reference"]["nfe_dense_output"] and s["rejected"] == mine["rejected"]
+    ref = enc.reference
+    assert s["reference"] == {k: ref.stats[k] for k in ("nfe_forward", "nfe_dense_output", "accepted", "rejected",
+                                                         "steps", "fine_points", "lognorm_points")}
+    assert s["stiffness"] == ref.stats["stiffness"] and s["reason"] == enc.reason == [None, None]
+    # Theorem 6 exactly as written: radius = (D + r_ref) (1 + 4u); the tube, log-norms and defects are y_ref's
+    assert torch.equal(enc.radius, (enc.distance + ref.radius) * (1 + 4 * U))
+    for name in ("t", "proven", "tube", "mu", "mu_point", "defect", "defect_sampled"):
+        assert torch.equal(getattr(enc, name), getattr(ref, name)), name
+    sec = s["seconds"]
+    assert set(sec) == {"solve", "reference", "reference_parts", "distance", "defect", "lognorm", "total"}
+    assert sec["reference_parts"] == ref.stats["seconds"] and (sec["defect"], sec["lognorm"]) == \
+        (ref.stats["seconds"]["defect"], ref.stats["seconds"]["lognorm"])
+    assert min(sec["solve"], sec["reference"], sec["distance"]) >= 0
+    assert sec["solve"] + sec["reference"] + sec["distance"] <= sec["total"]  # disjoint spans of the run
     direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=None).summary()
     assert "method_kind" not in direct and "ref_tol" not in direct
     assert direct["distance_t1"] is None and direct["radius_t1"] == direct["radius"][0][-1:] + direct["radius"][1][-1:]
@@ -1464,3 +1486,253 @@ def test_rayleigh_lower_without_a_jacobian_method_uses_the_dense_jacobian():
         J = torch.autograd.functional.jacobian(lambda z: block.vector_field(z[None])[0], y[b]).reshape(32, 32)
         top = float(torch.linalg.eigvalsh((J + J.T) / 2).max())
         assert top - 1e-10 * (1 + abs(top)) <= float(lo[b]) <= top
+
+
+# ------------------------------------------------ the direct proof on hand-made pieces, pass-through of settings
+
+class _StubField:
+    """F = 0 with chosen constants: Lipschitz constant L, curvature K, evaluation error eps_F per sample (largest at
+    the sample point 3 of every step, half that elsewhere) and point log-norms lam per sample. On piecewise-constant
+    y the sampled defect is 0, so Theorem 5's defect is the rounding terms alone: eps_F + L gamma_10 sum_k |c_k|."""
+
+    def __init__(self, L, eps_F, lam, K=0.0, uses_variance=False):
+        self.L, self.K, self.uses_variance = L, K, uses_variance
+        self.eps_F, self.lam = torch.tensor(eps_F, dtype=D), torch.tensor(lam, dtype=D)
+
+    def __call__(self, x):
+        return torch.zeros_like(x)
+
+    def lipschitz(self, v):
+        return self.L
+
+    def curvature(self, v):
+        return self.K
+
+    def rounding(self, y, v):
+        B = len(self.eps_F)
+        scale = torch.full((y.shape[0] // B, 1), 0.5, dtype=D)
+        scale[3] = 1.0
+        return (scale * self.eps_F).reshape(-1), 0.0
+
+    def lognorm(self, y, v, eps_J):
+        return self.lam.clone()
+
+
+def _constant_pieces(values, steps):
+    """Piecewise-constant y: on step k the quartic with c_0 = values[k] and c_1..c_4 = 0; solver counts as given."""
+    coefs = []
+    for v in values:
+        c = torch.zeros(5, *v.shape, dtype=D)
+        c[0] = v
+        coefs.append(c)
+    return steps, coefs, dict(nfe_forward=17, nfe_dense_output=5, accepted=len(steps), rejected=1)
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_direct_enclosure_of_hand_made_pieces_is_theorem_5_to_the_last_term():
+    """_enclose_direct (at its default settings) on a piecewise-constant y of the field F = 0, re-derived at 50 digits:
+    r(0) = ||x0 - y(0)|| + gamma_10 sum|c_k| (the evaluation error of y, proofs/S5.md Lemma 4; here x0 = y(0)); each
+    sub-interval's defect is (eps_F + L gamma_10 sum|c_k|) (1 + gamma_16) (no sampled defect, no remainder); at a
+    step end r grows by the jump ||c_{k+1,0} - sum_j c_{k,j}|| plus both steps' evaluation errors; on each step
+    (one log-norm interval: curvature 0) r follows R_{j+1} = R_j e^{mu tau} + d tau phi(mu tau) over the 8
+    sub-intervals with mu = the point log-norm rounded up by 1 + gamma_8, the tube is twice the interval's sup.
+    A token of sample 0 loses all variance on the last step: not proven from there, with the reason naming the
+    check, its numbers and the interval. The statistics echo the pieces' solver counts and the defaults."""
+    from lipcheck.wellposed import enclosure as E
+    flint = E._arb()
+    mpmath.mp.dps = 50
+    u = mpmath.mpf(2) ** -53
+    gam = lambda n: n * u / (1 - n * u)  # noqa: E731
+    v = torch.tensor([[0.5, -1.25, 2.0], [1.5, 0.75, -0.5]], dtype=D).reshape(2, 1, 1, 3)
+    w = torch.tensor([[0.0, 0.0, 0.0], [0.25, -0.5, 0.75]], dtype=D).reshape(2, 1, 1, 3) / 1024  # a jump, exact
+    last = v + w
+    last[0] = 1.0  # sample 0: one token of variance 0 on the last step
+    steps = [(0.0, 0.25), (0.25, 0.5), (0.5, 1.0)]
+    pieces = _constant_pieces([v, v, last], steps)
+    L, eps_F, lam = 2.0, [0.0, 1e-14], [0.0, 0.75]
+    enc = E._enclose_direct(_StubField(L, eps_F, lam, uses_variance=True), v.clone(), 1.0, pieces=pieces)
+    assert enc.t.tolist() == [0.0, 0.25, 0.5, 1.0]
+    assert torch.equal(enc.center, torch.stack([v, v, v, last]))
+    nrm = lambda x: mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(a)) ** 2 for a in x.reshape(-1)))  # noqa: E731
+    ev = gam(10)
+    for b in range(2):
+        vals = [v[b], v[b], last[b]]
+        d = [(eps_F[b] + L * ev * nrm(x)) * (1 + gam(16)) for x in vals]  # per sub-interval, constant on a step
+        r = ev * nrm(v[b])
+        assert abs(mpmath.mpf(float(enc.radius[0, b])) - r) <= 1e-15 * r
+        for k, (a, bk) in enumerate(steps):
+            if b == 0 and k == 2:
+                break
+            if k > 0:
+                r += nrm(vals[k] - vals[k - 1]) * (1 + gam(8)) + ev * (nrm(vals[k - 1]) + nrm(vals[k]))
+            mu = float(enc.mu[k, b])
+            assert lam[b] <= mu and abs(mu - lam[b] * (1 + gam(8))) <= 1e-16 * (1 + lam[b])
+            R = _mp_recurrence(r, [d[k]] * 8, (bk - a) / 8, mu)
+            got = mpmath.mpf(float(enc.radius[k + 1, b]))
+            assert max(R) <= got <= max(R) * (1 + 1e-14), (b, k, float(got), float(max(R)))
+            assert float(enc.tube[k, b]) == 2 * float(enc.radius[k + 1, b])
+            assert abs(mpmath.mpf(float(enc.defect[k, b])) - d[k]) <= 2e-16 * d[k], (b, k)
+            r = R[-1]
+    assert enc.proven.tolist() == [False, True] and enc.reason[1] is None
+    assert enc.reason[0] == ("token variance floor lost: std floor 0 - drift 0/sqrt(C) <= 0, no curvature bound "
+                             "(interval [0.5, 1], step 2)")
+    assert math.isinf(enc.radius[3, 0]) and math.isnan(enc.tube[2, 0]) and math.isnan(enc.mu[2, 0])
+    assert (enc.defect_sampled == 0).all() and enc.mu_point.tolist() == [lam] * 4
+    st = enc.stats
+    assert (st["method"], st["tol"], st["defect_ratio"], st["mu_slack"], st["lognorm"], st["eigensolves"]) == \
+        ("dopri5", 1e-3, 0.25, 0.25, "given", None)
+    assert (st["nfe_forward"], st["nfe_dense_output"], st["accepted"], st["rejected"], st["steps"]) == (17, 5, 3, 1, 3)
+    assert (st["fine_points"], st["lognorm_points"], st["lipschitz_max"], st["curvature_max"]) == (24, 6, L, 0.0)
+    assert st["stiffness"] == [0.75 * 0.25, 0.75 * 0.25, 0.75 * 0.5] and st["stiffness_max"] == 0.75 * 0.5
+    assert st["step_sizes"] == [0.25, 0.25, 0.5] and st["variance_floor"] == 0.0
+    # the envelope integrates the same log-norms: exp(sum mu tau), each factor rounded up
+    G = wp.lognorm_envelope(enc, 1e-3)
+    assert G.dtype == D and G[:, 0].tolist()[:1] == [1.0] and torch.isinf(G[3, 0])
+    want = np.exp(np.cumsum([0.0] + [float(enc.mu[k, 1]) * (b - a) for k, (a, b) in enumerate(steps)]))
+    assert (G[:, 1].numpy() >= want).all() and np.allclose(G[:, 1].numpy(), want, rtol=1e-14, atol=0)
+    assert 1.0 < float(G[1, 0]) < float(G[2, 0]) <= 1 + 4e-15  # mu = 0: only the rounding up
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_direct_enclosure_log_norm_intervals_and_a_last_step_past_the_budget():
+    """The log-norm grid of a step has P = 2^ceil(log2 ceil(M2 speed h / (2 mu_slack))) intervals (Theorem 5: the
+    drift term M2 * drift stays below mu_slack): a straight piece y = v + s w at token speed ||w_i|| / h and curvature
+    K with K max||w_i|| h / (2 mu_slack) = 2.5 gets 4. A time budget used up on the last step stops nothing: the
+    whole horizon is proven."""
+    from lipcheck.wellposed import enclosure as E
+    v = torch.tensor([[0.5, -1.25, 2.0], [1.5, 0.75, -0.5]], dtype=D).reshape(2, 1, 1, 3)
+    wv = torch.tensor([[1.0, 2.0, 2.0], [0.0, 0.6, 0.8]], dtype=D).reshape(2, 1, 1, 3) / 64  # token speeds 3/64, 1/64
+    c = torch.zeros(5, 2, 1, 1, 3, dtype=D)
+    c[0], c[1] = v, wv
+    K = 2.5 * 2 * 0.25 / (3 / 64)
+    pieces = ([(0.0, 1.0)], [c], dict(nfe_forward=1, nfe_dense_output=1, accepted=1, rejected=0))
+    enc = E._enclose_direct(_StubField(0.0, [0.0, 0.0], [0.0, 0.0], K=K), v.clone(), 1.0, pieces=pieces)
+    assert bool(enc.proven[1]), enc.reason  # (sample 0's defect 3/64 outgrows its tube on the last interval)
+    assert len(enc.t) == 5 and np.allclose(enc.t.numpy(), np.linspace(0, 1, 5), rtol=0, atol=1e-15)
+    assert enc.stats["lognorm_points"] == 5
+    # exactly on an integer: K speed h / (2 mu_slack) = (5/64) / (2 * 5/256) = 2 with the per-token speed the
+    # coefficient sum sum_k k ||c_k,i|| / h (exact here: ||(0, 3, 4) / 64|| = 5/64), so P = 2 intervals, not 4
+    c[1] = torch.tensor([0.0, 3.0, 4.0], dtype=D) / 64
+    two = E._enclose_direct(_StubField(0.0, [0.0, 0.0], [0.0, 0.0], K=1.0), v.clone(), 1.0, pieces=pieces,
+                            mu_slack=5 / 256)
+    assert len(two.t) == 3 and two.stats["lognorm_points"] == 3
+    one = E._enclose_direct(_StubField(0.0, [0.0, 0.0], [0.0, 0.0]), v.clone(), 1.0, max_seconds=0.0,
+                            pieces=_constant_pieces([v], [(0.0, 1.0)]))
+    assert one.proven.all() and one.reason == [None, None] and torch.isfinite(one.radius).all()
+
+
+def test_enclose_hands_every_setting_to_the_field_and_the_proof(monkeypatch):
+    """enclose(model, ...) = enclose_field(SSoGField(block, H, W, lognorm, dtype), input_scale * embed(images), t1, ...)
+    with every setting passed on unchanged (both stubbed here: only the hand-over is under test)."""
+    from lipcheck.wellposed import enclosure as E
+    seen = {}
+    monkeypatch.setattr(E, "SSoGField", lambda block, H, W, **kw: seen.update(field=(block, H, W, kw)) or "field")
+    monkeypatch.setattr(E, "enclose_field", lambda *args, **kw: seen.update(args=args, kw=kw) or "enclosure")
+    model = _tiny_ode_vit()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    settings = dict(method="bosh3", tol=1e-4, ref_tol=1e-7, defect_ratio=0.5, mu_slack=0.125, max_per_step=64,
+                    tube=1e-3, max_tube=1e-2, ref_defect_ratio=0.05, ref_mu_slack=0.375, ref_max_per_step=16,
+                    ref_defect_abs=1e-9, max_seconds=30.0)
+    assert wp.enclose(model, images, lognorm="structured", input_scale=0.5, progress=False, **settings) == "enclosure"
+    block, H, W, kw = seen["field"]
+    assert (H, W, kw["lognorm"], kw["dtype"]) == (2, 2, "structured", D) and block.norm1.weight.dtype == D
+    field, x0, t1 = seen["args"]
+    assert field == "field" and t1 == float(model.t1)
+    assert torch.allclose(x0, 0.5 * model.embed(images).detach(), rtol=1e-15, atol=0)
+    assert seen["kw"] == dict(settings, progress=False)
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_direct_enclosure_solves_with_the_given_method_and_tolerance():
+    """ref_tol=None: y is the solve with the given method and tol (bosh3 here: its steps and NFE, repeated here)."""
+    from lipcheck.wellposed import enclosure as E
+    A, x0 = _linear_case()
+    f = LinearField(A)
+    enc = wp.enclose_field(f, x0, 1.0, method="bosh3", tol=1e-5, ref_tol=None, tube=1e-14)
+    steps, _, sol = E.piecewise_quartic(f, x0, 1.0, method="bosh3", tol=1e-5)
+    assert enc.steps == steps and (enc.stats["nfe_forward"], enc.stats["method"]) == (sol["nfe_forward"], "bosh3")
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_reference_enclosure_refines_up_to_eight_times_max_per_step_by_default():
+    """ref_max_per_step=None: the reference enclosure may refine a step up to 8 max_per_step sub-intervals (64 here,
+    forced by a tiny defect_ratio and ref_defect_abs; the budget stops after its first step)."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7, max_per_step=8, defect_ratio=1e-12,
+                           ref_defect_abs=1e-300, max_seconds=0.0)
+    assert enc.reference.stats["fine_points"] == 64 and not enc.proven.any()
+
+
+def test_bern_sup_is_the_bernstein_bound_for_every_derivative():
+    """_bern_sup(c, h, d) = min(max_j ||b_j|| + gamma_16 sum_k ||a_k||, coefficient sum) (1 + gamma_16) with the
+    Bernstein coefficients b_j = sum_{k<=j} C(j,k)/C(n,k) a_k of y^(d) = sum_k a_k s^k, n = 4 - d (proofs/S5.md,
+    Lemma 6), formed here in exact rationals; never above the coefficient sum (1 + gamma_16), and strictly tighter
+    than it for these coefficients."""
+    from fractions import Fraction as Fr
+    from lipcheck.wellposed import enclosure as E
+    mpmath.mp.dps = 50
+    g16 = 16 * mpmath.mpf(2) ** -53 / (1 - 16 * mpmath.mpf(2) ** -53)
+    c = torch.randn(5, 2, 1, 2, 3, generator=torch.Generator().manual_seed(13), dtype=D)
+    h = 0.375
+    for d in range(5):
+        n = 4 - d
+        got = E._bern_sup(c, h, d)
+        for b in range(2):
+            a = [[Fr(math.factorial(k + d), math.factorial(k)) * Fr(float(x)) / Fr(h) ** d for x in c[k + d, b].reshape(-1)]
+                 for k in range(n + 1)]
+            nrm = lambda v: mpmath.sqrt(sum((mpmath.mpf(x.numerator) / x.denominator) ** 2 for x in v))  # noqa: E731
+            bern = max(nrm([sum(Fr(math.comb(j, k), math.comb(n, k)) * a[k][i] for k in range(j + 1))
+                            for i in range(6)]) for j in range(n + 1))
+            coef = sum(nrm(x) for x in a)
+            want = min(bern + g16 * coef, coef) * (1 + g16)
+            assert abs(mpmath.mpf(float(got[b])) - want) <= 1e-15 * want, (d, b, float(got[b]), float(want))
+            if d < 4:
+                assert bern + g16 * coef < coef
+
+
+def test_piecewise_quartic_stops_at_a_non_finite_state_with_where_and_when():
+    """A field that turns NaN once the state passes 1.5 (x' = 1 from x0 = 1: at t = 0.5): piecewise_quartic raises
+    IntegrationError carrying the time and the NFE of the call that saw the non-finite state (counted here) and its
+    non-finite norm, never a quartic."""
+    from lipcheck import IntegrationError
+    from lipcheck.wellposed import enclosure as E
+    calls = []
+
+    def field(x):
+        calls.append(1)
+        return torch.where(x > 1.5, torch.full_like(x, math.nan), torch.ones_like(x))
+
+    with pytest.raises(IntegrationError, match="non-finite") as e:
+        E.piecewise_quartic(field, torch.ones(1, 1, 1, 1, dtype=D), 2.0, tol=1e-6)
+    assert 0.5 <= e.value.t <= 2.0 and e.value.nfe == len(calls) + 1 and math.isnan(e.value.state_norm)
+
+
+def test_eval_works_in_chunks_of_about_the_given_number_of_tokens():
+    """_eval: F on every sample, called on at most max(1, tokens // (H W)) samples at a time (memory), the default
+    16384 tokens: 5 samples of 64 x 64 tokens go in chunks of 4 and 1."""
+    from lipcheck.wellposed import enclosure as E
+    sizes = []
+
+    def field(x):
+        sizes.append(x.shape[0])
+        return 2 * x
+
+    y = torch.randn(5, 64, 64, 1, generator=torch.Generator().manual_seed(0), dtype=D)
+    assert torch.equal(E._eval(field, y), 2 * y) and sizes == [4, 1]
+    sizes.clear()
+    small = y[:, :2, :2]
+    assert torch.equal(E._eval(field, small, tokens=9), 2 * small) and sizes == [2, 2, 1]
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_reference_method_reports_the_users_solve_counts():
+    """Theorem 6 on the tanh ODE: the step counts reported are those of the user's solve y at tol (its rejected steps
+    too, repeated here), the reference solve's under "reference" (another number here)."""
+    from lipcheck.wellposed import enclosure as E
+    f = TanhField(4, 6, seed=3, scale=1.5)
+    x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
+    enc = wp.enclose_field(f, x0, 1.0, tol=1e-3, ref_tol=1e-5, ref_defect_abs=1.0)
+    _, _, mine = E.piecewise_quartic(f, x0, 1.0, tol=1e-3)
+    st = enc.stats
+    assert (st["accepted"], st["rejected"], st["steps"]) == (mine["accepted"], mine["rejected"], mine["steps"])
+    assert st["rejected"] >= 1 and st["reference"]["rejected"] == enc.reference.stats["rejected"] != st["rejected"]

@@ -1,6 +1,7 @@
 """lipcheck.wellposed: tolerance sweeps, Gronwall growth and the a-posteriori certificate, checked against
 exact solutions (the linear field F(x) = T x + b solved by expm) and known convergence orders."""
 import copy
+import importlib
 import math
 
 import mpmath
@@ -346,6 +347,22 @@ def test_convergence_summary_recovers_known_orders():
     finals = {("dopri5", 1e-12): x, ("dopri8", 1e-12): x * (1 + 1e-9)}
     assert wp.convergence_summary(two, reference_error=1e-14, finals=finals)["spread"] == pytest.approx(1e-9, rel=1e-6)
     assert wp.convergence_summary(runs, reference_error=1e-14, finals={("dopri5", 1e-12): x})["spread"] is None
+    assert rk["finest"] == {"steps": 32, "error": 3 * (1.0 / 32) ** 4} and s["floor"] == 100 * 1e-14  # the default
+    # fixed steps only: no pooled adaptive numbers; a reference error of 0 still leaves a floor (100 x 1e-16)
+    fixed = wp.convergence_summary([r for r in runs if r["tol"] is None], reference_error=0.0)
+    assert set(fixed) == {"per_method", "floor"} and fixed["floor"] == 100 * 1e-16
+    one = wp.convergence_summary(runs[:1], reference_error=1e-14)["per_method"]["dopri5"]
+    assert one["slope"] is None and one["fitted_points"] == 1  # one point fits no slope
+
+
+def _gronwall_sum(t, d, L):
+    """sum_j e^{L (t_i - t_{j+1})} max(d_j, d_{j+1}) (e^{L tau_j} - 1) / L at every t_i (numpy)."""
+    out = np.zeros(len(t))
+    for i in range(1, len(t)):
+        tau = t[1:i + 1] - t[:i]
+        dm = np.maximum(d[:i], d[1:i + 1])
+        out[i] = np.sum(dm * np.expm1(L * tau) / L * np.exp(L * (t[i] - t[1:i + 1])))
+    return out
 
 
 def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
@@ -359,15 +376,7 @@ def test_linear_certificate_bound_is_the_gronwall_sum_of_its_defect():
     d = wp.aposteriori_certificate(model, images, tol=1e-3)
     assert len(d["t"]) >= 8 * d["accepted"] + 1 and d["violations"] == 0
     t, d, L = np.array(c["t"]), np.array(c["delta"][0]), c["L"]
-
-    def gronwall(t, d):
-        out = np.zeros(len(t))
-        for i in range(1, len(t)):
-            tau = t[1:i + 1] - t[:i]
-            dm = np.maximum(d[:i], d[1:i + 1])
-            out[i] = np.sum(dm * np.expm1(L * tau) / L * np.exp(L * (t[i] - t[1:i + 1])))
-        return out
-    fine, coarse = gronwall(t, d), gronwall(t[::2], d[::2])
+    fine, coarse = _gronwall_sum(t, d, L), _gronwall_sum(t[::2], d[::2], L)
     change = np.abs(coarse - fine[::2])
     want = fine.copy()
     want[::2] += c["safety"] * change
@@ -413,8 +422,10 @@ def test_adjoint_and_backprop_gradients_against_finite_differences():
     clamped = wp.gradient_check(model, images, tol=1e-12, min_step=float(model.t1) / 4)
     # at tol 1e-12 the solver wants far shorter steps than t1/4: every step of length t1/4 is a forced accept
     assert 1 <= clamped["backprop"]["min_step_clamps"] <= clamped["backprop"]["accepted"] <= 4
-    with pytest.raises(ValueError, match="min_step"):
-        wp.gradient_check(model, images, min_step=-1.0)
+    assert clamped["min_step"] == float(model.t1) / 4 and clamped["adjoint"]["min_step_clamps_backward"] == 0
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="min_step"):
+            wp.gradient_check(model, images, min_step=bad)
 
 
 def test_certificate_keeps_its_roundoff_margin_at_a_tiny_scale():
@@ -604,8 +615,16 @@ def test_gradient_check_counts_against_an_independent_count_of_field_calls():
     calls = []
     layer.register_forward_hook(lambda m, i, o: calls.append(torch.is_grad_enabled()))
     images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=D)
-    r = wp.gradient_check(model, images, tol=1e-6, seed=3)
+    r = wp.gradient_check(model, images)  # the defaults: dopri5, tol 1e-6, no min_step, seed 0
+    assert (r["method"], r["tol"], r["min_step"]) == ("dopri5", 1e-6, 0.0)
     b, a = r["backprop"], r["adjoint"]
+    keys = {"loss", "nfe_forward", "nfe_backward", "accepted", "rejected", "min_step_clamps", "accepted_backward",
+            "rejected_backward", "min_step_clamps_backward", "seconds"}
+    assert set(a) == set(b) == keys and a["seconds"] > 0 and b["seconds"] > 0
+    # only the adjoint pass solves backwards, and without min_step: nothing clamped there
+    assert (a["min_step_clamps_backward"], b["min_step_clamps_backward"]) == (0, None)
+    assert (b["accepted_backward"], b["rejected_backward"]) == (0, 0)
+    assert r["rel_diff"] != r["rel_diff_x0"]  # the parameters' gradients count too
     first_off = calls.index(False)
     bp, adj_fwd, adj_bwd = first_off, calls.count(False), len(calls) - first_off - calls.count(False)
     assert all(calls[:first_off]) and all(calls[first_off + adj_fwd:])
@@ -615,7 +634,7 @@ def test_gradient_check_counts_against_an_independent_count_of_field_calls():
     assert adj_bwd == 2 + 6 * (a["accepted_backward"] + a["rejected_backward"])
     x0 = model.embed(images).detach()
     A, _ = augmented_matrix(layer, 3, 3)
-    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(3), dtype=D).reshape(-1).numpy()
+    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0), dtype=D).reshape(-1).numpy()
     loss = float(w @ exact(A, x0, model.t1)[0])
     for p in (a, b):
         assert abs(p["loss"] - loss) <= 1e-4 * abs(loss), (p["loss"], loss)
@@ -836,6 +855,8 @@ def test_envelope_violations_compare_in_float64():
     above = [[1.0], [math.exp(0.1) * (1 + 1e-12)]]
     below = [[1.0], [math.exp(0.1) * (1 - 1e-12)]]
     assert wp.envelope_violations([0.0, 0.1], above, L) == 1 and wp.envelope_violations([0.0, 0.1], below, L) == 0
+    # growth exactly on the envelope (L = 0: exp(0 t) = 1) does not exceed it
+    assert wp.envelope_violations([0.0, 0.5, 1.0], [[1.0], [1.0], [1.0]], 0.0) == 0
 
 
 def test_perturbation_growth_in_float64_and_with_the_default_power_iteration():
@@ -921,3 +942,216 @@ def test_min_step_clamp_count_includes_steps_at_the_floor():
     steps = [(0.0, 0.25), (0.25, 0.25), (0.5, 0.375), (0.875, 0.125), (1.0, -0.25)]  # (t, dt) as recorded
     assert _PassCounter(model.vector_field.block, 0.25).clamped(steps) == 4
     assert _PassCounter(model.vector_field.block, 0.0).clamped(steps) == 0
+
+
+def test_certificate_on_a_layernorm_model_reports_what_its_keys_name():
+    """aposteriori_certificate at its defaults on a model with LayerNorm, each reported number recomputed here: the
+    first solve's step counts and NFE (solved again); per_step=None samples each accepted step [a, b] at
+    max(8, 2 ceil((b - a) / (2 dt))) equal intervals, dt = t1 / auto_grid(hi=1024) (here 8 and 10: both rules act);
+    the weights' token speed bound; the variance floor of the segments [x, y] from the converged reference, y's
+    dense output and its drift per interval sum_k k ||c_k,i|| / h tau (numpy quartics through the samples); the
+    constants certified at that floor (the global one also as L t1 / ln 10); safety 2; the relative change of the
+    quadrature under halving; the extreme ratios bound / actual; a reference converged to 1e-11."""
+    model = _small_ln_model()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3)
+    block, x0, t1 = wp.prepare(model, images)
+    _, f = wp.solve(block, x0, torch.tensor([0.0, t1], dtype=D), "dopri5", tol=1e-3)
+    assert (c["accepted"], c["rejected"], c["nfe"]) == (f.accepted, f.rejected, f.nfe)
+    steps = [(a, min(a + h, t1)) for a, h in f.steps]
+    dt = t1 / wp.auto_grid(block, x0, t1, hi=1024)
+    counts = [max(8, 2 * math.ceil((b - a) / (2 * dt))) for a, b in steps]
+    assert sorted(counts) == [8, 10]
+    want = np.unique(np.concatenate([a + (b - a) * np.linspace(0, 1, m + 1)[:-1] for (a, b), m in zip(steps, counts)]
+                                    + [[t1]]))
+    t = np.array(c["t"])
+    assert len(t) == len(want) and np.allclose(t, want, rtol=0, atol=1e-15)
+    speed = wp.token_speed_bound(block)
+    assert c["speed_bound"] == speed and c["safety"] == 2.0
+    grid = torch.tensor(c["t"], dtype=D)
+    y, _ = wp.solve(block, x0, grid, "dopri5", tol=1e-3)
+    ref = wp.reference_solution(block, x0, t1, t=grid, rel_tol=1e-11)
+    drift = np.zeros(len(t) - 1)
+    for a, b in steps:
+        i0, i1 = int(np.argmin(np.abs(t - a))), int(np.argmin(np.abs(t - b)))
+        V = np.vander((t[i0:i1 + 1] - a) / (b - a), 5, increasing=True)
+        cf = np.linalg.lstsq(V, y[i0:i1 + 1].reshape(i1 + 1 - i0, -1).numpy(), rcond=None)[0].reshape(5, *y.shape[1:])
+        tok = np.linalg.norm(cf, axis=-1)  # (5, B, H, W)
+        drift[i0:i1] = sum(k * tok[k] for k in range(1, 5)).max() / (b - a) * np.diff(t[i0:i1 + 1])
+    tau = torch.tensor(np.diff(t), dtype=D)
+    floor = wp.segment_variance_floor(ref.states, y, speed * tau, torch.tensor(drift, dtype=D),
+                                      margin=float(ref.abs_error.max()))
+    assert floor > 0 and c["min_variance"] == pytest.approx(floor, rel=1e-9)
+    L_global, L, _ = wp.vector_field_constants(block, x0, c["min_variance"])
+    assert (c["L_global"], c["L"]) == (L_global, L) and L < L_global
+    assert c["global_factor_log10_t1"] == pytest.approx(L_global * t1 / math.log(10), rel=1e-15)
+    d = np.array(c["delta"][0])
+    fine, coarse = _gronwall_sum(t, d, L), _gronwall_sum(t[::2], d[::2], L)
+    change = np.abs(coarse - fine[::2])[1:] / fine[::2][1:]  # t = 0 left out (0 / 0)
+    assert c["quadrature_change"] == pytest.approx(float(change.max()), rel=1e-8)
+    ratio = np.array(c["bound"][0][1:]) / np.array(c["actual"][0][1:])
+    assert (c["min_ratio"], c["max_ratio"]) == (pytest.approx(ratio.min(), rel=1e-12), pytest.approx(ratio.max(), rel=1e-12))
+    assert c["violations"] == 0 and c["min_ratio"] > 1
+    r = c["reference"]
+    assert r["error_estimate"] <= 1e-11 and r["history"][-1]["change"] <= 1e-11 and "dopri8" in r["method"]
+
+
+def test_certificate_defect_carries_the_fitted_slopes_roundoff():
+    """F = 0 (every weight and bias zero): y is x0 up to the dense output's rounding, so the reported defect is the
+    fit's round-off margin on y' (times sqrt of the entries, for the sample norm) with hardly anything else; per_step
+    = 4 (the fewest points a quartic needs) is taken, odd counts and fewer points are refused. A caller's constant
+    (1 here) is used as is."""
+    model, layer = linear_model(seed=0)
+    with torch.no_grad():
+        for p in (layer.v_proj.weight, layer.o_proj.weight, layer.o_proj.bias):
+            p.zero_()
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(1))
+    for bad in (2, 3, 6.5):
+        with pytest.raises(ValueError, match="per_step"):
+            wp.aposteriori_certificate(model, images, per_step=bad)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=4, lipschitz=1.0)
+    n = wp.prepare(model, images)[1][0].numel()
+    assert len(c["t"]) == 4 * c["accepted"] + 1 and c["L"] == 1.0
+    margin = c["derivative_roundoff_margin"] * math.sqrt(n)
+    assert margin > 0 and margin <= c["max_delta"] <= margin * (1 + 1e-3)
+    assert c["violations"] == 0 and max(c["actual"][0]) < 1e-13 < min(c["bound"][0][1:])
+
+
+def test_quartic_fit_slope_error_is_its_documented_formula():
+    """_quartic_fit: slope_error = 10 ||V^+||_2 sqrt(m + 1) (2 r), r = the largest residual of the returned fit plus
+    4 eps max|Y| (the round-off of the samples themselves), ||V^+||_2 = 1 / sigma_min(V) of the Vandermonde matrix on
+    x (numpy). Exact quartic samples: r is mostly the 4 eps term; noisy samples: mostly the residual."""
+    eps = float(np.finfo(np.float64).eps)
+    c = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7], dtype=D)
+    for m, noise in ((8, 0.0), (12, 1e-6)):
+        x = torch.linspace(0, 1, m + 1, dtype=D)
+        Y = torch.stack([sum(c[k] * x ** k for k in range(5)), 3 * x - 1], dim=1)
+        Y = Y + noise * torch.randn(m + 1, 2, generator=torch.Generator().manual_seed(m), dtype=D)
+        coef, slope_err = wp._quartic_fit(x, Y)
+        V = np.vander(x.numpy(), 5, increasing=True)
+        r = np.abs(V @ coef.numpy() - Y.numpy()).max() + 4 * eps * np.abs(Y.numpy()).max()
+        want = 10 * math.sqrt(m + 1) * 2 * r / np.linalg.svd(V, compute_uv=False).min()
+        assert slope_err == pytest.approx(want, rel=1e-9), (m, slope_err, want)
+
+
+def test_gradient_check_in_float32_with_another_method():
+    """dtype=float32, method='bosh3': the gradients are float32 and each forward pass takes the steps of a bosh3
+    solve at that tol landing on t1 (repeated here through lipcheck's solve, NFE included)."""
+    model, _ = linear_model(seed=0, scale=1.0)
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=D)
+    r = wp.gradient_check(model, images, method="bosh3", tol=1e-4, dtype=torch.float32)
+    assert r["method"] == "bosh3" and r["grad_x0_backprop"].dtype == r["grad_x0_adjoint"].dtype == torch.float32
+    block, x0, t1 = wp.prepare(model, images, dtype=torch.float32)
+    _, f = wp.solve(block, x0, torch.tensor([0.0, t1], dtype=torch.float32), "bosh3", tol=1e-4, land=True)
+    for p in ("backprop", "adjoint"):
+        assert (r[p]["accepted"], r[p]["rejected"], r[p]["nfe_forward"]) == (f.accepted, f.rejected, f.nfe), p
+
+
+def test_perturbation_growth_defaults_and_violation_totals(monkeypatch):
+    """perturbation_growth at its default directions ('random' then 'worst', both drawn from one seed-0 generator),
+    power_iters = 6 and eps = 1e-3: the reported sigma is worst_direction's (6 iterations, the power_steps given,
+    after the random draw); the reference is converged to the default 1e-13 (it halves until a change is at most
+    that). Violations: with a too small local constant (-50, patched in) every (time > 0, sample) pair of each
+    direction violates it, and the total adds the directions up; the global one (1000) none."""
+    from lipcheck.wellposed import gronwall
+    model, layer = linear_model(seed=1, scale=1.0)
+    images = torch.randn(2, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(gronwall, "vector_field_constants", lambda *a, **k: (1000.0, -50.0, None))
+    g = wp.perturbation_growth(model, images, grid=2, power_steps=4)
+    assert list(g["directions"]) == ["random", "worst"] and g["eps"] == 1e-3
+    block, x0, t1 = wp.prepare(model, images)
+    gen = torch.Generator().manual_seed(0)
+    torch.randn(x0.shape, dtype=D, generator=gen)  # the random direction comes first
+    _, sigma = wp.worst_direction(block, x0, t1, iters=6, steps=4, generator=gen)
+    assert g["power_iteration_sigma"] == sigma.tolist()
+    ch = [h["change"] for h in g["reference"]["history"]]
+    assert ch[0] > 1e-13 and (ch[-1] <= 1e-13 or (len(ch) >= 3 and ch[-1] >= ch[-2]))
+    assert all(c > 1e-13 for c in ch[:-1])
+    for d in g["directions"].values():
+        assert d["violations"] == {"global": 0, "local": 2 * 2}
+    assert g["violations"] == {"global": 0, "local": 2 * 2 * 2} and (g["L_global"], g["L_local"]) == (1000.0, -50.0)
+
+
+def test_solve_and_reference_settings(monkeypatch):
+    """solve: a fixed-step rk4 run records its steps (t0 + k h, h) from the first time on; no tol for an adaptive
+    method, no steps for rk4, steps < 1 are refused. reference_solution on a grid t: its steps land on every time, so
+    the states at the interior times are the exact solution (expm) too, not a dense-output interpolation; max_steps
+    stops the halving (8 -> 16 here, rel_tol = 0 never met). check_tolerances sorts loosest first."""
+    model, layer = linear_model(seed=1)
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    block, x0, t1 = wp.prepare(model, images)
+    _, f = wp.solve(block, x0, torch.tensor([0.5, 1.5], dtype=D), "rk4", steps=4)
+    assert f.steps == [(0.5, 0.25), (0.75, 0.25), (1.0, 0.25), (1.25, 0.25)] and f.accepted == 4
+    tt = torch.tensor([0.0, t1], dtype=D)
+    for kw, msg in ((dict(method="dopri5"), "needs tol"), (dict(method="rk4", tol=1e-3), "needs steps"),
+                    (dict(method="rk4", steps=0), "positive integer")):
+        with pytest.raises(ValueError, match=msg):
+            wp.solve(block, x0, tt, kw.pop("method"), **kw)
+    A, _ = augmented_matrix(layer, 3, 3)
+    times = torch.tensor([0.0, 0.1, 0.37, 0.8, 1.0], dtype=D) * t1
+    _, f = wp.solve(block, x0, times, "dopri8", steps=4, step_t=times[1:-1])  # fixed steps that also land on times
+    starts = [a for a, _ in f.steps]
+    assert all(min(abs(a - s) for a in starts) <= 1e-15 for s in times[1:-1].tolist())  # each time starts a step
+    S = importlib.import_module("lipcheck.wellposed.solve")
+    calls, real = [], S.solve
+    monkeypatch.setattr(S, "solve", lambda *a, **k: calls.append(k.get("step_t")) or real(*a, **k))
+    ref = wp.reference_solution(block, x0, t1, t=times, rel_tol=1e-12)
+    assert len(calls) >= 2 and all(torch.equal(st, times[1:-1]) for st in calls)  # every level lands on the times
+    for k, tk in enumerate(times.tolist()):
+        truth = exact(A, x0, tk)[0]
+        assert np.linalg.norm(ref.states[k, 0].reshape(-1).numpy() - truth) <= 1e-11 * np.linalg.norm(truth), k
+    capped = wp.reference_solution(block, x0, t1, rel_tol=0.0, start_steps=4, max_steps=16)
+    assert capped.steps == 16 and [h["steps"] for h in capped.history] == [8, 16]
+    assert wp.check_tolerances([1e-6, 1e-3, 1e-4]) == (1e-3, 1e-4, 1e-6) and wp.check_methods(["rk4"]) == ("rk4",)
+    with pytest.raises(ValueError, match="tolerances"):
+        wp.check_tolerances(["1e-3"])
+
+
+def test_prepare_refuses_bad_scales_and_freezes_a_copy():
+    """prepare: input_scale must be positive and finite; the block returned is a frozen copy cast to dtype (the
+    model's own parameters untouched), x0 = input_scale * embed(images), t1 the model's."""
+    model, _ = _float32_linear_model(0, bias=True)
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="input_scale"):
+            wp.prepare(model, images, input_scale=bad)
+    before = [p.requires_grad for p in model.vector_field.block.parameters()]
+    block, x0, t1 = wp.prepare(model, images, input_scale=0.25)
+    assert any(before) and all(not p.requires_grad and p.dtype == D for p in block.parameters())
+    after = model.vector_field.block.parameters()
+    assert [p.requires_grad for p in after] == before and all(p.dtype == torch.float32 for p in after)
+    m64 = copy.deepcopy(model).double()
+    assert torch.equal(x0, 0.25 * m64.embed(images.double()).detach()) and t1 == float(model.t1)
+
+
+def test_sweep_names_the_attention_mixer():
+    """A dense-attention ODE ViT: the sweep and each run say 'attention'."""
+    torch.manual_seed(0)
+    model = ViT("ode", "attention", dtype=D, img_size=8, patch_size=4, dim=6, num_heads=2, depth=1).eval()
+    images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
+    res = wp.tolerance_sweep(model, images, ("dopri5",), (1e-3,), reference_rtol=1e-8, progress=False)
+    assert res.mixer == "attention" and res.runs[0]["mixer"] == "attention" and res.summary()["mixer"] == "attention"
+
+
+def test_power_iteration_and_flow_map_defaults():
+    """worst_direction at its defaults (8 iterations on the rk4 flow of 32 steps) against the same power iteration
+    on the matrix R(hT)^32 in numpy, from the same seeded start; flow_map's default is 32 rk4 steps too."""
+    model, layer = linear_model(seed=1, scale=1.0)
+    with torch.no_grad():
+        layer.o_proj.bias.zero_()
+    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
+    block, x0, t1 = wp.prepare(model, images)
+    _, T = augmented_matrix(layer, 3, 3)
+    h = t1 / 32
+    J = np.linalg.matrix_power(sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5)), 32)
+    assert np.allclose(wp.flow_map(block, t1)(x0).reshape(-1).numpy(), J @ x0.reshape(-1).numpy(), rtol=1e-11,
+                       atol=1e-11 * float(x0.abs().max()))
+    v = torch.randn(x0.shape, dtype=D, generator=torch.Generator().manual_seed(5)).reshape(-1).numpy()
+    v = v / np.linalg.norm(v)
+    for _ in range(8):
+        sigma = np.linalg.norm(J @ v)
+        v = J.T @ (J @ v)
+        v = v / np.linalg.norm(v)
+    got_v, got_sigma = wp.worst_direction(block, x0, t1, generator=torch.Generator().manual_seed(5))
+    assert float(got_sigma[0]) == pytest.approx(sigma, rel=1e-10)
+    assert np.allclose(got_v.reshape(-1).numpy(), v, rtol=0, atol=1e-9)
