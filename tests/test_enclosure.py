@@ -1736,3 +1736,17 @@ def test_reference_method_reports_the_users_solve_counts():
     st = enc.stats
     assert (st["accepted"], st["rejected"], st["steps"]) == (mine["accepted"], mine["rejected"], mine["steps"])
     assert st["rejected"] >= 1 and st["reference"]["rejected"] == enc.reference.stats["rejected"] != st["rejected"]
+
+
+def test_rayleigh_lower_subtracts_the_jacobians_error():
+    """rayleigh_lower: the Rayleigh quotient of the top eigenvector of (J + J^T) / 2, less its rounding and less
+    sqrt(n) eps_J (a Jacobian whose products J w are each within eps_J ||w|| (Lemma 4) is within sqrt(n) eps_J in
+    Frobenius norm). A diagonal A with top eigenvalue 0: the quotient is exactly 0, the value a small negative
+    rounding allowance (below 0, above -1e-11 at ||A||_F ~ 1e3), and eps_J lowers it by exactly sqrt(n) eps_J."""
+    from lipcheck.wellposed import enclosure as E
+    A = np.diag([0.0, -1000.0, -3.0, -0.5, -2.0, -7.0])
+    y = torch.randn(2, 1, 1, 6, generator=torch.Generator().manual_seed(0), dtype=D)
+    lo = E.rayleigh_lower(LinearField(A), y, 0.0)
+    assert lo.dtype == D and lo.shape == (2,) and (lo < 0).all() and (lo > -1e-11).all()
+    lo_e = E.rayleigh_lower(LinearField(A), y, 1e-9)
+    assert torch.allclose(lo_e, lo - math.sqrt(6) * 1e-9, rtol=1e-12, atol=0)
