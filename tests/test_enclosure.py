@@ -1610,6 +1610,15 @@ def test_direct_enclosure_log_norm_intervals_and_a_last_step_past_the_budget():
     assert bool(enc.proven[1]), enc.reason  # (sample 0's defect 3/64 outgrows its tube on the last interval)
     assert len(enc.t) == 5 and np.allclose(enc.t.numpy(), np.linspace(0, 1, 5), rtol=0, atol=1e-15)
     assert enc.stats["lognorm_points"] == 5
+    # the envelope with curvature: on each interval the perturbed trajectory stays in the tube of radius
+    # r + eps G(end) around y, over which mu <= lam + K (r + eps G(end) + drift); G grows at least by exp(mu tau)
+    eps = 1e-2
+    G = wp.lognorm_envelope(enc, eps)[:, 1].tolist()
+    for p, iv in enumerate(enc._envelope_data["intervals"]):
+        rho = float(enc.radius[p + 1, 1]) + eps * G[p + 1]
+        mu = iv["lam"][1] + K * (rho + iv["drift"][1])
+        assert G[p + 1] >= G[p] * math.exp(mu * iv["tau"]), p
+        assert G[p + 1] <= G[p] * math.exp(mu * iv["tau"]) * 1.05, p  # and not far above it
     # exactly on an integer: K speed h / (2 mu_slack) = (5/64) / (2 * 5/256) = 2 with the per-token speed the
     # coefficient sum sum_k k ||c_k,i|| / h (exact here: ||(0, 3, 4) / 64|| = 5/64), so P = 2 intervals, not 4
     c[1] = torch.tensor([0.0, 3.0, 4.0], dtype=D) / 64
@@ -1750,3 +1759,34 @@ def test_rayleigh_lower_subtracts_the_jacobians_error():
     assert lo.dtype == D and lo.shape == (2,) and (lo < 0).all() and (lo > -1e-11).all()
     lo_e = E.rayleigh_lower(LinearField(A), y, 1e-9)
     assert torch.allclose(lo_e, lo - math.sqrt(6) * 1e-9, rtol=1e-12, atol=0)
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_direct_enclosure_defect_of_a_straight_piece_is_theorem_5_condition_1():
+    """Theorem 5, condition 1, at 50 digits on y = v + (t / h) w (4 tokens) for F = 0 with curvature K, L = 0: the
+    sampled defect ||y'|| = ||w|| / h is the same at every node and the second and third derivatives vanish, so on
+    each of the 8 sub-intervals dbar = (||w|| / h + gamma_10 ||w|| / h + (tau^2 / 8) K (sum_i ||w_i||^4)^(1/2) / h^2
+    (1 + gamma_{N + 4C + 64})) (1 + gamma_16): the rounding of y' (Lemma 4) and the remainder with the per-token
+    speeds (smaller here than ||y'||^2, which the bound may also use)."""
+    from lipcheck.wellposed import enclosure as E
+    mpmath.mp.dps = 50
+    u = mpmath.mpf(2) ** -53
+    gam = lambda n: n * u / (1 - n * u)  # noqa: E731
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(1, 2, 2, 3, generator=g, dtype=D)
+    w = torch.randn(1, 2, 2, 3, generator=g, dtype=D) * torch.tensor([0.02, 0.05, 0.03, 0.04], dtype=D).reshape(1, 2, 2, 1)
+    c = torch.zeros(5, 1, 2, 2, 3, dtype=D)
+    c[0], c[1] = v, w
+    h, K = 0.5, 20.0
+    pieces = ([(0.0, h)], [c], dict(nfe_forward=1, nfe_dense_output=1, accepted=1, rejected=0))
+    enc = E._enclose_direct(_StubField(0.0, [0.0], [0.0], K=K), v.clone(), h, pieces=pieces)
+    assert enc.stats["fine_points"] == 8
+    tok = [mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(a)) ** 2 for a in w[0, i, j])) for i in range(2) for j in range(2)]
+    wn = mpmath.sqrt(mpmath.fsum(t ** 2 for t in tok))
+    tau = mpmath.mpf(h) / 8
+    sq4 = mpmath.sqrt(mpmath.fsum(t ** 4 for t in tok)) / h ** 2 * (1 + gam(4 + 4 * 3 + 64))
+    assert sq4 < (wn / h) ** 2
+    want = (wn / h * (1 + gam(10)) + tau ** 2 / 8 * K * sq4) * (1 + gam(16))
+    for d in enc.defect[:, 0].tolist():
+        assert abs(mpmath.mpf(d) - want) <= 4e-16 * want, (d, float(want))  # the float64 evaluation: ~2e-17 here
+    assert np.allclose(enc.defect_sampled[:, 0].numpy(), float(wn / h), rtol=1e-14, atol=0)
