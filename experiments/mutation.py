@@ -116,6 +116,9 @@ SURVIVOR_REASONS = [
      r"(?m)^\+\s*(bar = tqdm\(range\(len\(steps\)\)|for method, tol, n in tqdm\(jobs), ",
      "equivalent for every result: the progress bar's desc, leave and disable settings only change what tqdm "
      "prints to the terminal (leave: whether the finished bar stays on screen); the loop runs over the same items"),
+    ("lipcheck/wellposed/enclosure.py", r"_enclose_direct", r"(?m)^\+\s*bar\.set_postfix\(",
+     "equivalent for every result: the progress bar's postfix (current t and radius) only changes what tqdm prints "
+     "to the terminal"),
     ("lipcheck/wellposed/solve.py", r"^prepare$", r"\.to\(dtype=dtype\)|\.to\(device=None, dtype=dtype\)",
      "equivalent on a CPU-only machine: the model and images are already on the CPU, the only device (and with "
      "device=None the target is the model's own device), so moving them there changes nothing"),
