@@ -308,6 +308,20 @@ SURVIVOR_REASONS = [
      "a positive float; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/wellposed/*.py", r".*", r"(?m)^\+.*(device=None\)|device=None,)",
      "equivalent on a CPU-only machine: device=None means the default (CPU) device, where the states are"),
+    ("lipcheck/wellposed/solve.py", r"reference_solution", r"rel_tol: float = 1\.0000000000001",
+     "now killed by tests/test_wellposed.py::test_reference_solution_stopping_rules (the default rel_tol 1e-13 on a "
+     "field that needs 512 steps; added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/wellposed/certificate.py", r"aposteriori_certificate", r"fk = dict\(dtype=dtype, \)",
+     "equivalent on a CPU-only machine: without device= the tensors are made on the default (CPU) device, where "
+     "x0 already is"),
+    ("lipcheck/wellposed/enclosure.py", r"_distance", r"if q > 1 or \(ky > 0",
+     "not a lie: drops the jump margin of the piece after a cut inside an interval, which covers the ulp sliver where "
+     "the previous step's polynomial is still evaluated; the piece before the cut carries the same margin and bounds "
+     "that polynomial up to the cut (its node-displacement allowances cover the ulps), and the interval reports the "
+     "maximum over its pieces"),
+    ("lipcheck/wellposed/enclosure.py", r"_distance", r"\* \(1 - ln\.gamma\(8, u\)\) \+ ev \* \(yinfo",
+     "unobservable: rounds the jump's computed norm down by gamma_8 instead of up, an O(u) relative change in a "
+     "margin whose ev * abs_sum term is larger still; only the proof (proofs/S5.md) fixes it"),
     ("lipcheck/wellposed/enclosure.py", r"_distance", r"\+ [5-9] \* u \* hr / hy",
      "loosens: a larger allowance for the rounding of the reference's node times"),
     ("lipcheck/wellposed/enclosure.py", r"_rough_distance", r"b \+ a, 0\)\[0\]",

@@ -898,6 +898,12 @@ def test_reference_solution_stopping_rules():
     s = floor.summary()
     assert (s["steps"], s["error_estimate"], s["history"]) == (floor.steps, floor.error_estimate, floor.history)
     assert "dopri8" in s["method"]
+    # the default rel_tol 1e-13 on a faster field (scale 3): halvings from 8 steps until the change is below it
+    fast, _ = linear_model(seed=0, scale=3.0)
+    block3, x3, t3 = wp.prepare(fast, images)
+    d = wp.reference_solution(block3, x3, t3)
+    ch = [h["change"] for h in d.history]
+    assert len(ch) >= 2 and ch[-1] <= 1e-13 < min(ch[:-1]) and d.steps == 8 * 2 ** len(ch)
 
 
 def test_perturbation_growth_refuses_bad_settings_and_takes_grid_one():
