@@ -308,6 +308,11 @@ SURVIVOR_REASONS = [
      "a positive float; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/wellposed/*.py", r".*", r"(?m)^\+.*(device=None\)|device=None,)",
      "equivalent on a CPU-only machine: device=None means the default (CPU) device, where the states are"),
+    ("lipcheck/bounds/lognorm.py", r"_top_vectors", r"torch\.eye\(n, dtype=None, device=S\.device\)\)$|torch\.eye\(n, dtype=None, device=S\.device\)\)\n",
+     "equivalent: the identity's zeros and ones are exact in every dtype and torch.where promotes them to S's dtype "
+     "(and the vectors are only a guess for the next Cholesky certificate, never a bound)"),
+    ("lipcheck/bounds/lognorm.py", r"DenseLogNorm\.__call__", r"_cholesky_certifies\(S, q \+ self\.pad \* \(1 \+ q\.abs\(\)\), None\)",
+     "equivalent: cholesky_certifies takes u = None as the unit roundoff of S's dtype, the value passed"),
     ("lipcheck/wellposed/solve.py", r"reference_solution", r"rel_tol: float = 1\.0000000000001",
      "now killed by tests/test_wellposed.py::test_reference_solution_stopping_rules (the default rel_tol 1e-13 on a "
      "field that needs 512 steps; added after this run, checked by applying the mutant by hand)"),
