@@ -277,14 +277,14 @@ def test_layernorm_without_affine_and_bad_norms():
     bad = torch.nn.LayerNorm(4, dtype=F64)
     with torch.no_grad():
         bad.weight[1] = float("nan")
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(ValueError, match="LayerNorm weight has non-finite"):  # names the parameter
         ab.layernorm_image_radius(bad)
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(ValueError, match="LayerNorm weight has non-finite"):
         ab.layernorm_lipschitz(bad)
     bad = torch.nn.LayerNorm(4, dtype=F64)
     with torch.no_grad():
         bad.bias[0] = float("inf")
-    with pytest.raises(ValueError, match="bias"):
+    with pytest.raises(ValueError, match="LayerNorm bias has non-finite"):
         ab.layernorm_image_radius(bad)
 
 
