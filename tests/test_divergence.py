@@ -100,3 +100,9 @@ def test_enclosure_section_is_proven_and_contains_the_actual_error(quick_run):
         else:
             assert isinstance(enc["reason"][b], str) and not math.isfinite(enc["radius_t1"][b])
     assert "Proven enclosure" in (docs / "divergence.md").read_text()
+    # the finite-size log-norm envelope bounds the growth measured at its own size (every start within eps ||x0||)
+    w = enc["envelope_small"]
+    assert w["eps"] == 1e-6 and w["measured_max_growth"] >= 1.0
+    if all(enc["proven"]):
+        assert max(w["G_max"]) >= w["measured_max_growth"]
+    assert w["ratio"] == max(w["G_max"]) / w["measured_max_growth"]
