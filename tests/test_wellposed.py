@@ -528,17 +528,28 @@ def test_auto_grid_is_the_coarsest_power_of_two_meeting_the_drift_criterion():
     assert wp.auto_grid(block, base * 1e6, t1) == 16 and wp.auto_grid(block, base * 1e-9, t1) == 512  # the clamps
 
 
-def test_flow_map_is_fixed_step_rk4():
-    """flow_map on x' = T x (no bias): rk4 with h = t1 / steps multiplies by R(hT) = sum_{k<=4} (hT)^k / k! per step,
-    so two steps give R(hT)^2 x0 (numpy), visibly not expm(T t1) x0 at this step size."""
+def bias_free_linear_case():
+    """x' = T x on a 3x3 grid (the linear model with its output bias zeroed): block, x0, t1 and T (numpy)."""
     model, layer = linear_model(seed=1, scale=1.0)
     with torch.no_grad():
         layer.o_proj.bias.zero_()
     images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
     block, x0, t1 = wp.prepare(model, images)
     _, T = augmented_matrix(layer, 3, 3)
+    return block, x0, t1, T
+
+
+def rk4_step_matrix(T, h):
+    """One classical rk4 step on x' = T x multiplies by sum_{k<=4} (hT)^k / k!."""
+    return sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5))
+
+
+def test_flow_map_is_fixed_step_rk4():
+    """flow_map on x' = T x (no bias): rk4 with h = t1 / steps multiplies by R(hT) = sum_{k<=4} (hT)^k / k! per step,
+    so two steps give R(hT)^2 x0 (numpy), visibly not expm(T t1) x0 at this step size."""
+    block, x0, t1, T = bias_free_linear_case()
     h = t1 / 2
-    R = sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5))
+    R = rk4_step_matrix(T, h)
     want = R @ R @ x0.reshape(-1).numpy()
     got = wp.flow_map(block, t1, steps=2)(x0).reshape(-1).numpy()
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
@@ -559,7 +570,7 @@ def test_worst_direction_single_iteration_is_a_lower_bound():
     block, x0, t1 = wp.prepare(model, images)
     _, T = augmented_matrix(layer, 3, 3)
     h = t1 / 4
-    R = sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5))
+    R = rk4_step_matrix(T, h)
     top = np.linalg.norm(np.linalg.matrix_power(R, 4), 2)
     for iters in (1, 3):
         v, sigma = wp.worst_direction(block, x0, t1, iters=iters, steps=4, generator=torch.Generator().manual_seed(0))
@@ -1142,14 +1153,9 @@ def test_sweep_names_the_attention_mixer():
 def test_power_iteration_and_flow_map_defaults():
     """worst_direction at its defaults (8 iterations on the rk4 flow of 32 steps) against the same power iteration
     on the matrix R(hT)^32 in numpy, from the same seeded start; flow_map's default is 32 rk4 steps too."""
-    model, layer = linear_model(seed=1, scale=1.0)
-    with torch.no_grad():
-        layer.o_proj.bias.zero_()
-    images = torch.randn(1, 3, 12, 12, dtype=D, generator=torch.Generator().manual_seed(2))
-    block, x0, t1 = wp.prepare(model, images)
-    _, T = augmented_matrix(layer, 3, 3)
+    block, x0, t1, T = bias_free_linear_case()
     h = t1 / 32
-    J = np.linalg.matrix_power(sum(np.linalg.matrix_power(h * T, k) / math.factorial(k) for k in range(5)), 32)
+    J = np.linalg.matrix_power(rk4_step_matrix(T, h), 32)
     assert np.allclose(wp.flow_map(block, t1)(x0).reshape(-1).numpy(), J @ x0.reshape(-1).numpy(), rtol=1e-11,
                        atol=1e-11 * float(x0.abs().max()))
     v = torch.randn(x0.shape, dtype=D, generator=torch.Generator().manual_seed(5)).reshape(-1).numpy()
