@@ -308,13 +308,17 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
                       max_cells: int = 40000, max_rounds: int = 200, split_per_round: int = 512,
                       anchors_per_round: int | None = None, lanczos_steps: int = 120,
                       time_budget: float = 45.0, sn: sp.SymbolNorm | None = None,
-                      progress: bool = False) -> MajorantBound:
+                      beat: float | None = None, progress: bool = False) -> MajorantBound:
     """Certified ||T||_2 <= lambda_max(T_N(s_up)) on an H x W grid (module docstring), with s_up a cellwise bilinear
     envelope of s(w) = ||S(w)|| refined adaptively where the top eigenvector of T_N(s_up) lives.
 
     Refinement stops when the estimated excess sum_j mass_j (cell bound - centre bound) is below rtol lambda, or at
     max_rounds / max_cells / time_budget seconds; every stopping point gives a certified bound (coarser cells only
-    make it looser). sn, when given, must be built on normalised(p)."""
+    make it looser). sn, when given, must be built on normalised(p).
+
+    beat (in p's units), when given, is a bound the caller already holds: refinement stops once the estimate
+    sum_j mass_j s(centre_j) of v^T T_N(s) v (over the 256 heaviest cells), which no refinement can take the
+    majorant below, exceeds it."""
     sp._check_grid_size(H, W)
     t0 = time.perf_counter()
     q = sp.normalised(p)
@@ -325,6 +329,7 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     u = q.u
     sn = sn if sn is not None else sp.SymbolNorm(q)
     model = CellModel(q, sn)
+    beat_n = math.ldexp(beat, -q.log2_scale) if beat is not None else None
     from tqdm.auto import tqdm
 
     # half torus wy in [0, pi], wx in [-pi, pi]; s(-w) = s(w) covers the other half
@@ -353,6 +358,10 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
             break
         if len(history) > 4 and history[-5] - lam < 0.25 * rtol * lam and excess_prev < 0.05 * lam:
             break  # stalled while the envelope is already close to s: more cells no longer pay
+        if beat is not None and rounds > 0:
+            heavy = torch.topk(mass, min(256, mass.numel())).indices  # the other cells only add (s >= 0)
+            if float((mass[heavy] * _lower_estimate(sn, c[heavy])).sum() / mass.sum()) > beat_n:
+                break  # T_N(s_up) >= T_N(s) for every envelope: the caller's bound stays the better one
         rounds += 1
         bar.update(1)
         # anchors: exact SVDs at heavy centres whose bound is not yet explained by a nearby anchor

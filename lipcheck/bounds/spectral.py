@@ -995,7 +995,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     upper = min(closed, rfree, circ.upper, gram if gram is not None else math.inf)
     if majorant if majorant is not None else (n > exact_max and N <= 4096):  # Toeplitz majorant (majorant.py)
         from .majorant import toeplitz_majorant
-        t, mb = time.perf_counter(), toeplitz_majorant(q, H, W, sn=sn, progress=progress)
+        t, mb = time.perf_counter(), toeplitz_majorant(q, H, W, sn=sn, beat=upper, progress=progress)
         mval, seconds["majorant"] = mb.upper, time.perf_counter() - t  # already scaled back by q.log2_scale
         info["majorant"] = dict(value=mval, cells=mb.cells, rounds=mb.rounds, gave_upper=mval < upper)
         method["majorant"], upper = "Toeplitz majorant lambda_max(T_N(s_up)), Cholesky-certified", min(upper, mval)
