@@ -224,13 +224,13 @@ def test_check_representable_reads_the_dtype_of_mu_and_the_exponent_limit():
     """Without a dtype the check is made in mu's own dtype: sigma = 1e-20 is a width float64 carries (2 sigma^2 =
     2e-40 is normal there) and float32 does not. And the exponent bound (2 R + 1) R / (2 sigma^2), R = DIRECT_TERMS,
     must be finite: at 2 sigma^2 = 5.5e-307 it overflows float64 (105 / 5.5e-307 > 1.8e308) and the kernel is refused,
-    at 2 sigma^2 = 1e-305 it does not."""
+    at 6e-307 (just inside: 105 / 6e-307 = 1.75e308) and 1e-305 it does not."""
     mu32, s32 = torch.tensor([0.3], dtype=torch.float32), torch.tensor([1e-20], dtype=torch.float32)
     with pytest.raises(ValueError, match="float32"):
         gaussian.check_representable(mu32, s32)
     gaussian.check_representable(mu32.double(), s32.double())  # float64: fine
     R = gaussian.DIRECT_TERMS
-    for two_s2, refused in ((5.5e-307, True), (1e-305, False)):
+    for two_s2, refused in ((5.5e-307, True), (6.0e-307, False), (1e-305, False)):
         assert ((2 * R + 1) * R / two_s2 == math.inf) == refused
         sig = torch.tensor([math.sqrt(two_s2 / 2)], dtype=torch.float64)
         if refused:

@@ -108,6 +108,10 @@ def test_cholesky_certifies_exactly_at_known_eigenvalues():
     # the margin: a shift smaller than Rump's c is refused even though mu I - S is positive definite
     ok, _ = rounding.cholesky_certifies(S.clone(), torch.tensor(5.0 + 1e-17 * 5, dtype=D), u)
     assert not bool(ok)
+    # a coarser u passed in is the one used (a matrix stored in float64 but rounded through float32 upstream): Rump's
+    # shift grows to ~ 4 gamma_4 tr|A| ~ 2e-6 relative, so a gap of 1e-13 that float64's u certifies is refused
+    ok, _ = rounding.cholesky_certifies(S.clone(), torch.tensor(5.0 * (1 + 1e-13), dtype=D), 2.0 ** -24)
+    assert not bool(ok)
     # S is not modified
     ok, _ = rounding.cholesky_certifies(S, torch.tensor(6.0, dtype=D), u)
     assert torch.equal(S, torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=D)))

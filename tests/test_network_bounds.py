@@ -5,6 +5,7 @@ the SSoG operator assembled here from SPEC's kernel g (its own lattice sum for Z
 forms (sup|GELU'| = Phi(sqrt 2) + sqrt 2 phi(sqrt 2), max|gamma| / sqrt(v + eps)) written out here.
 """
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -168,7 +169,7 @@ def test_vector_field_global_and_local_constants(mixer):
     g = torch.Generator().manual_seed(3)
     states = torch.randn(2, 2, 3, 4, generator=g, dtype=F64) * 2
     b = network.vector_field_lipschitz(blk, states, rtol=1e-3)
-    v = float(states.var(dim=-1, unbiased=False).min())
+    v = exact_min_variance(states)
     g1, g2 = float(blk.norm1.weight.abs().max()), float(blk.norm2.weight.abs().max())
     eps = 1e-2
     mlp_ref = svd_norm(blk.mlp.fc1.weight.detach()) * GELU_SUP * svd_norm(blk.mlp.fc2.weight.detach())
@@ -182,7 +183,7 @@ def test_vector_field_global_and_local_constants(mixer):
     assert glob <= b.global_bound <= glob * (1 + 1e-9)
     assert loc <= b.local_bound <= loc * (1 + 1e-9)
     assert b.local_bound < b.global_bound and b.vacuous == (b.global_bound > network.VACUOUS)
-    assert b.terms["min_variance"] == v and b.terms["use_norm"] and b.terms["use_mlp"]
+    assert v * (1 - 1e-13) <= b.terms["min_variance"] <= v and b.terms["use_norm"] and b.terms["use_mlp"]
     if mixer == "attention":
         rho1 = math.sqrt(4) * g1 + float(blk.norm1.bias.norm())
         assert b.mixer >= attention_lipschitz_on_ball(blk.mixer, rho1, 6) * (1 - 1e-12)
@@ -198,14 +199,15 @@ def test_vector_field_global_and_local_constants(mixer):
     b2 = network.vector_field_lipschitz(blk, states, min_variance=v / 4, mixer_bound=(b.mixer, b.terms["mixer_terms"]))
     assert b2.terms["min_variance"] == v / 4 and b2.local_bound > b.local_bound
     b3 = network.vector_field_lipschitz(blk, states, min_variance=4 * v, mixer_bound=(b.mixer, b.terms["mixer_terms"]))
-    assert b3.terms["min_variance"] == v and b3.local_bound == b.local_bound
+    assert b3.terms["min_variance"] == b.terms["min_variance"] and b3.local_bound == b.local_bound
 
 
 def test_vector_field_without_norm_or_mlp_and_without_states():
     blk = _ssog_block(4, use_norm=False, use_mlp=False)
     b = network.vector_field_lipschitz(blk, rtol=1e-3)
     assert b.local_bound is None and b.mlp == 0.0 and b.ln1_global == 1.0 and b.ln2_global == 0.0
-    assert b.global_bound == b.mixer and not b.terms["use_norm"] and not b.terms["use_mlp"]
+    # the mixer's constant alone, rounded up by gamma_3 (proofs/S3.md, 'Rounding')
+    assert b.mixer < b.global_bound <= b.mixer * (1 + 4 * 2.0 ** -53) and not b.terms["use_norm"] and not b.terms["use_mlp"]
     X = torch.randn(1, 2, 2, 4, dtype=F64)
     assert svd_norm(jac(blk.vector_field, X)) <= b.global_bound
     # with the min_variance argument alone the local bound exists
@@ -245,10 +247,38 @@ def test_ode_model_uses_its_block_and_refuses_bad_input():
         network.vector_field_lipschitz(blk, x)
 
 
+def exact_min_variance(states) -> float:
+    """min over tokens of the biased variance, in exact rational arithmetic, rounded down to a float."""
+    rows = states.detach().reshape(-1, states.shape[-1]).tolist()
+    best = None
+    for row in rows:
+        xs = [Fraction(v) for v in row]
+        m = sum(xs) / len(xs)
+        var = sum((v - m) ** 2 for v in xs) / len(xs)
+        best = var if best is None or var < best else best
+    f = float(best)
+    return f if Fraction(f) <= best else math.nextafter(f, -math.inf)
+
+
+@pytest.mark.parametrize("mean,spread,dtype", [(0.0, 1.0, torch.float32), (1e8, 1.0, F64), (3e3, 1e-4, torch.float32),
+                                               (-7.0, 1e-6, F64)])
+def test_min_token_variance_is_a_lower_bound_at_full_precision(mean, spread, dtype):
+    """The smallest token variance is what LayerNorm's local constant divides by, so it must not exceed the exact
+    value (computed here in rational arithmetic) even where the mean dwarfs the spread (the two-pass sum then carries
+    the mean's rounding); and it is the exact value to ~C u, also for float32 states (converted exactly to float64)."""
+    g = torch.Generator().manual_seed(5)
+    x = (mean + spread * torch.randn(6, 24, generator=g, dtype=F64)).to(dtype)
+    v = exact_min_variance(x)
+    got = network.min_token_variance(x)
+    assert got <= v
+    rel = 1e-12 if abs(mean) / spread < 1e4 else 1e-6  # the mean's rounding allowance: (24 u mean)^2 / spread^2
+    assert got >= v * (1 - rel)
+
+
 def test_min_token_variance_is_the_biased_variance():
     x = torch.tensor([[[1.0, 3.0], [2.0, 2.0]], [[0.0, 4.0], [-1.0, 1.0]]], dtype=F64)
     assert network.min_token_variance(x) == 0.0
-    assert network.min_token_variance(x[:, :1]) == 1.0  # tokens (1, 3) and (0, 4): variances 1 and 4
+    assert 1 - 1e-14 <= network.min_token_variance(x[:, :1]) <= 1.0  # tokens (1, 3) and (0, 4): variances 1 and 4
     with pytest.raises(ValueError, match="states"):
         network.min_token_variance(torch.zeros(3))
     with pytest.raises(ValueError, match="non-finite"):
@@ -279,7 +309,8 @@ def test_no_norm_no_mlp_with_states_and_norms_without_affine():
     blk = _ssog_block(7, use_norm=False, use_mlp=False)
     x = torch.randn(1, 2, 2, 4, dtype=F64)
     b = network.vector_field_lipschitz(blk, x, rtol=1e-2)
-    assert b.ln1_local == 1.0 and b.ln2_local == 0.0 and b.local_bound == b.mixer == b.global_bound
+    assert b.ln1_local == 1.0 and b.ln2_local == 0.0 and b.local_bound == b.global_bound
+    assert b.mixer < b.global_bound <= b.mixer * (1 + 4 * 2.0 ** -53)
     assert svd_norm(jac(blk.vector_field, x)) <= b.local_bound
     # an empty list of states is no states
     b0 = network.vector_field_lipschitz(blk, [], rtol=1e-2)
@@ -317,4 +348,36 @@ def test_attention_block_radius_is_the_layernorm_image():
         network.vector_field_lipschitz(blk, x.reshape(4, 4))
     with pytest.raises(ValueError, match="number of tokens"):  # no states at all: no grid either
         network.vector_field_lipschitz(blk)
-    assert network.min_token_variance(x.reshape(4, 4)) == float(x.reshape(4, 4).var(dim=-1, unbiased=False).min())
+    v = exact_min_variance(x.reshape(4, 4))
+    assert v * (1 - 1e-13) <= network.min_token_variance(x.reshape(4, 4)) <= v
+
+
+def test_layernorm_output_radius_rounded_up_in_the_certification_dtype():
+    """The radius of LN1's image, sqrt(C) max|gamma| + ||beta||, bounds every token the attention bound is taken on:
+    it must be >= its exact value (40 digits, from the float32 weights as stored) and within float64 rounding of it
+    when certified in float64 (a norm taken in float32 would be off by ~1e-7)."""
+    import mpmath
+    torch.manual_seed(8)
+    blk = Block(8, 2, "attention", norm_eps=1e-2)
+    with torch.no_grad():
+        blk.norm1.weight.uniform_(0.5, 2.0)
+        blk.norm1.bias.uniform_(-1, 1)
+    x = torch.randn(1, 2, 2, 8)
+    b = network.vector_field_lipschitz(blk, x, dtype=F64)
+    mpmath.mp.dps = 40
+    g = max(abs(mpmath.mpf(float(t))) for t in blk.norm1.weight.detach())
+    beta = mpmath.sqrt(sum(mpmath.mpf(float(t)) ** 2 for t in blk.norm1.bias.detach()))
+    exact = mpmath.sqrt(8) * g + beta
+    got = b.terms["mixer_terms"]["token_radius"]
+    assert exact <= got <= exact * (1 + 1e-14)
+
+
+def test_vector_field_passes_its_rtol_to_the_mixer_bound():
+    """rtol sets how tight SSoG's resolution-free bound is: a coarse rtol gives a looser (still true) mixer constant,
+    the same one mixer_lipschitz gives at that rtol; the default gives a tighter one."""
+    blk = _ssog_block(2)
+    x = torch.randn(1, 3, 3, 4, dtype=F64)
+    coarse = network.vector_field_lipschitz(blk, x, rtol=0.3)
+    fine = network.vector_field_lipschitz(blk, x)
+    assert coarse.mixer == network.mixer_lipschitz(blk.mixer, rtol=0.3)[0]
+    assert fine.mixer == network.mixer_lipschitz(blk.mixer)[0] < coarse.mixer

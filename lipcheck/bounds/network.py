@@ -18,9 +18,11 @@ from torch import nn
 
 from .. import symbolic
 from . import spectral
+from ..rounding import gamma as _gamma
 from ..rounding import norm2_upper
 
 VACUOUS = 1e3  # a global bound above this says nothing useful about an ODE on [0, 1]
+_U64 = torch.finfo(torch.float64).eps / 2  # Python floats and float64 tensors
 
 
 @dataclasses.dataclass
@@ -61,8 +63,10 @@ def _ln_constants(norm: nn.Module, v: float | None, dtype, device):
     up = 1 + 8 * torch.finfo(torch.float64).eps  # the closed form is evaluated in 53-bit arithmetic (sum, sqrt, division, product)
     glob = symbolic.layernorm_lipschitz(gmax, norm.eps) * up
     loc = symbolic.layernorm_lipschitz(gmax, norm.eps, v) * up if v is not None else None
-    # LN output token: gamma * z + beta with ||z|| <= sqrt(C)
-    radius = math.sqrt(C) * gmax + float(beta.norm())
+    # LN output token: gamma * z + beta with ||z|| <= sqrt(C); the norm of beta (C squares, a sum, a sqrt), sqrt(C),
+    # one product and one sum are rounded in the certification dtype (or float64): gamma_{C+4} of it (proofs/S3.md)
+    u = torch.finfo(beta.dtype).eps / 2
+    radius = (math.sqrt(C) * gmax + float(beta.norm())) * (1 + _gamma(C + 4, max(u, _U64)))
     return glob, loc, radius
 
 
@@ -78,7 +82,9 @@ def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exac
     with spectral.single_thread():
         # verified by Cholesky for the weights as stored (rounding.norm2_upper, proofs/S2.md)
         n1, n2 = float(norm2_upper(W1)), float(norm2_upper(W2))
-    return n1 * symbolic.gelu_derivative_sup(variant) * n2
+    # sup|GELU'| is rounded to nearest (u; at the tanh variant's 12-digit critical point the value is stationary, so
+    # the point's error enters squared), then two products: gamma_4 covers all three (proofs/S3.md, 'Rounding')
+    return n1 * symbolic.gelu_derivative_sup(variant) * n2 * (1 + _gamma(4, _U64))
 
 
 def mixer_lipschitz(mixer, *, token_radius: float = math.inf, num_tokens: int | None = None,
@@ -116,7 +122,15 @@ def min_token_variance(states: torch.Tensor) -> float:
         raise ValueError("states must be a tensor (..., C), e.g. (B, H, W, C)")
     if not bool(torch.isfinite(states).all()):
         raise ValueError("states contain non-finite values; certify only finite states")
-    return float(states.detach().to(torch.float64).var(dim=-1, unbiased=False).min())
+    x = states.detach().to(torch.float64)
+    C = x.shape[-1]
+    # a lower bound, not the computed value (proofs/S3.md, 'Rounding'): the two-pass variance s^ of a token exceeds
+    # (1 / C) sum (x_i - m^)^2 by at most gamma_{C+3}, and that sum exceeds C var by C (m^ - m)^2, |m^ - m| <= gamma_C mean|x|
+    m = x.mean(dim=-1, keepdim=True)
+    s = (x - m).square().mean(dim=-1)
+    e_m = _gamma(C, _U64) * x.abs().mean(dim=-1) * (1 + _gamma(C, _U64))
+    low = (s * (1 - _gamma(C + 3, _U64)) - e_m.square() * (1 + _gamma(3, _U64))) * (1 - _gamma(2, _U64))
+    return float(low.clamp_min(0).min())
 
 
 def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float | None = None,
@@ -154,8 +168,9 @@ def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float |
         mixer, mixer_terms = mixer_lipschitz(block.mixer, token_radius=radius1, num_tokens=num_tokens,
                                              dtype=dtype, device=device, rtol=rtol)
     mlp = mlp_lipschitz(block.mlp, dtype=dtype, device=device, variant=gelu_variant)
-    glob = mixer * ln1_g + mlp * ln2_g
-    loc = None if v is None else mixer * ln1_l + mlp * (ln2_l or 0.0)
+    up = 1 + _gamma(3, _U64)  # two products and a sum of non-negative floats (proofs/S3.md, 'Rounding')
+    glob = (mixer * ln1_g + mlp * ln2_g) * up
+    loc = None if v is None else (mixer * ln1_l + mlp * (ln2_l or 0.0)) * up
     terms = dict(mixer=mixer, mixer_terms=mixer_terms, mlp=mlp, gelu_sup=symbolic.gelu_derivative_sup(gelu_variant),
                  ln1_global=ln1_g, ln2_global=ln2_g, ln1_local=ln1_l, ln2_local=ln2_l, min_variance=v,
                  global_bound=glob, local_bound=loc, use_norm=not isinstance(block.norm1, nn.Identity),
