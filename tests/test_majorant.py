@@ -575,6 +575,19 @@ def test_cell_remainder_bounds_and_matches_taylor():
     assert ca == mpmath.mpf(float(q.alpha.abs().sum()))  # |c(w)| <= sum_m |alpha_m| (ghat <= 1)
     ref = ec + _gamma(6, _u(torch.float64)) * (ca + ec)
     assert abs(r0 - ref) <= 2 * u * ref
+    # and at a cell of half widths (0.3, 0.2): the Taylor term 1/2 sum_m |alpha_m| q_m (1 + gamma_{M+8}) plus the
+    # roundings, with q = D2y ry^2 + 2 D1y D1x ry rx + D2x rx^2 (proofs/S2.md), at 50 digits
+    ry, rx = mpmath.mpf(0.3), mpmath.mpf(0.2)
+    got = float(model.remainder(torch.tensor([[0.3, 0.2]], dtype=torch.float64))[0, 0])
+    mp = lambda t: mpmath.mpf(float(t))  # noqa: E731
+    D1y, D1x, D2y, D2x = mp(model.D1[0, 0, 0]), mp(model.D1[0, 0, 1]), mp(model.D2[0, 0, 0]), mp(model.D2[0, 0, 1])
+    quad = D2y * ry ** 2 + 2 * D1y * D1x * ry * rx + D2x * rx ** 2
+    U = _u(torch.float64)
+    taylor = mpmath.mpf(0.5) * abs(mp(q.alpha[0, 0])) * quad * (1 + _gamma(1 + 8, U))
+    ed = mp(model.eta_d[0, 0]) * ry + mp(model.eta_d[0, 1]) * rx
+    jr = (mp(model.J_abs[0, 0]) + mp(model.eta_d[0, 0])) * ry + (mp(model.J_abs[0, 1]) + mp(model.eta_d[0, 1])) * rx
+    ref = taylor + ec + ed + _gamma(6, U) * (ca + ec + jr)
+    assert abs(got - ref) <= 4 * u * ref
 
 
 def test_cell_remainder_cross_term_with_shifted_kernels():
@@ -713,3 +726,22 @@ def test_cell_model_gradient_bounds_cover_each_axis():
             other = 1 - axis
             d = abs((k * taps(k, mu[axis], 0.7)).sum()) * taps(k, mu[other], 0.7).sum() * abs(alpha)
             assert float(model.J_abs[0, axis]) >= d * (1 - 1e-12)
+
+
+def test_cell_budget_initial_layout_and_a_callers_anchors():
+    """The documented controls: the first envelope has (init_cells / 2) x init_cells cells on the half torus; no
+    refinement round may take the cell count past max_cells (the round that would is not made); a SymbolNorm passed
+    in is used as it is, so anchors it already holds count (and help) without being recomputed."""
+    p, exact_of = _one_head_positive()
+    assert mj.toeplitz_majorant(p, 3, 4, max_rounds=0).cells == 8 * 16
+    assert mj.toeplitz_majorant(p, 3, 4, max_rounds=0, init_cells=6).cells == 3 * 6
+    capped = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, max_cells=600, split_per_round=64)
+    assert capped.cells <= 600 and capped.upper >= exact_of(3, 4) * (1 - 1e-12)
+    free = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, split_per_round=64)
+    assert free.cells > 600
+    q = mj.sp.normalised(p)
+    sn = mj.sp.SymbolNorm(q)
+    w = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    sn.add_anchors(mj.sp.symbol_coefficients(q, w, -w))
+    m = mj.toeplitz_majorant(p, 3, 4, max_rounds=0, sn=sn)
+    assert m.anchors == 3 and sn.num_svd == 3

@@ -381,3 +381,20 @@ def test_vector_field_passes_its_rtol_to_the_mixer_bound():
     fine = network.vector_field_lipschitz(blk, x)
     assert coarse.mixer == network.mixer_lipschitz(blk.mixer, rtol=0.3)[0]
     assert fine.mixer == network.mixer_lipschitz(blk.mixer)[0] < coarse.mixer
+
+
+def test_min_token_variance_subtracts_each_tokens_mean_allowance():
+    """Where a token's mean dwarfs its spread (1e12 against 1), the computed mean may be off by gamma_C mean|x| and the
+    two-pass value then exceeds the variance by up to that squared (proofs/S3.md, 'Rounding'). The lower bound must
+    take this allowance from the token's own mean|x| (not an average over tokens, which a small-valued token halves):
+    it lies below the exact variance by 0.5 to 1.5 times (gamma_C mean|x|)^2, here ~7e-6."""
+    C = 24
+    g = torch.Generator().manual_seed(2)
+    big = 1e12 + torch.randn(1, C, generator=g, dtype=F64)
+    small = 10 * torch.randn(1, C, generator=g, dtype=F64)  # variance ~100: not the smallest
+    x = torch.cat([big, small])
+    v = exact_min_variance(big)
+    u = 2.0 ** -53
+    e = C * u / (1 - C * u) * 1e12
+    got = network.min_token_variance(x)
+    assert v - 1.5 * e ** 2 - 1e-12 * v <= got <= v - 0.5 * e ** 2
