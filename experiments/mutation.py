@@ -54,6 +54,15 @@ GROUPS = {
 # the change only loosens a bound in a way no true-bound test can see. Anything unmatched is reported as
 # "unexplained" and counts against the suite.
 SURVIVOR_REASONS = [
+    ("lipcheck/bounds/*.py", r".*", r"bar = tqdm\(.*disable=progress",
+     "equivalent for every bound: whether the progress bar is drawn only changes what tqdm prints to the terminal"),
+    ("lipcheck/bounds/majorant.py", r"toeplitz_majorant", r'meshgrid\(cy, cx, indexing=None\)',
+     "equivalent: torch.meshgrid's default indexing is 'ij', the value passed"),
+    ("lipcheck/bounds/majorant.py", r"CellModel\.__init__", r"\+ [3-9] \* math\.pi \* p\.sigma\.square\(\)\)",
+     "loosens: a larger bound on the rounding of the derivative's lattice sum; a larger, still true allowance"),
+    ("lipcheck/bounds/majorant.py", r"CellModel\.__init__", r"self\.eta_d = eta_d / \(1 \+ p\.gamma",
+     "unobservable: the derivative rounding allowance eta_d (itself O(u)) scaled by 1 - O(u) instead of 1 + O(u), "
+     "a change of O(u^2) relative to the coefficients; the term is fixed by proofs/S2.md"),
     ("lipcheck/bounds/network.py", r"_ln_constants", r"gamma = norm\.weight\.detach\(\)\.to\(device=device\)",
      "equivalent: only max|gamma| is used, and a maximum of absolute values is exact in every dtype (the float32 "
      "weights convert exactly to float64)"),
