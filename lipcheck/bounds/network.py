@@ -122,7 +122,12 @@ def min_token_variance(states: torch.Tensor) -> float:
         raise ValueError("states must be a tensor (..., C), e.g. (B, H, W, C)")
     if not bool(torch.isfinite(states).all()):
         raise ValueError("states contain non-finite values; certify only finite states")
-    x = states.detach().to(torch.float64)
+    return float(token_variance_lower(states).min())
+
+
+def token_variance_lower(x: torch.Tensor) -> torch.Tensor:
+    """Per token (last axis), a proven lower bound on the biased variance of the stored values, in float64."""
+    x = x.detach().to(torch.float64)
     C = x.shape[-1]
     # a lower bound, not the computed value (proofs/S3.md, 'Rounding'): the two-pass variance s^ of a token exceeds
     # (1 / C) sum (x_i - m^)^2 by at most gamma_{C+3}, and that sum exceeds C var by C (m^ - m)^2, |m^ - m| <= gamma_C mean|x|
@@ -130,7 +135,7 @@ def min_token_variance(states: torch.Tensor) -> float:
     s = (x - m).square().mean(dim=-1)
     e_m = _gamma(C, _U64) * x.abs().mean(dim=-1) * (1 + _gamma(C, _U64))
     low = (s * (1 - _gamma(C + 3, _U64)) - e_m.square() * (1 + _gamma(3, _U64))) * (1 - _gamma(2, _U64))
-    return float(low.clamp_min(0).min())
+    return low.clamp_min(0)
 
 
 def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float | None = None,

@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bounds import lognorm as ln
+from ..bounds.network import token_variance_lower
 from ..models.ode import FIXED_STEP
 from .solve import check_methods, check_tolerances, prepare, sample_norm, solve
 
@@ -546,8 +547,9 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
                                      for k in range(len(steps) - 1)]
     r0 = sample_norm(x0 - coefs[0][0]) * (1 + ln.gamma(4, u)) + step_info[0]["err_y"]
 
-    def token_std(y):  # (P, B, H, W, C) -> (P, B, N), LayerNorm's (biased) std with a rounding margin
-        return y.var(dim=-1, unbiased=False).sqrt().flatten(2) * (1 - ln.gamma(C + 8, u))
+    def token_std(y):  # (P, B, H, W, C) -> (P, B, N): a lower bound on LayerNorm's (biased) token std
+        # the variance's proven lower bound (proofs/S3.md, 'Rounding'), then one square root and one product
+        return token_variance_lower(y).sqrt().flatten(2) * (1 - ln.gamma(2, u))
 
     # ---- defect on fine sub-intervals, refined per step
     def sample_step(k, m):
@@ -560,9 +562,10 @@ def _enclose_direct(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5
         Fy = _eval(field, y.reshape(-1, H, W, C)).reshape(y.shape)
         std = token_std(y)  # (m+1, B, N)
         tau = h / m
-        drift = inf["speed_tok"][None] * (tau / 2) / math.sqrt(C)
+        drift = inf["speed_tok"][None] * (tau / 2) / math.sqrt(C) * (1 + ln.gamma(4, u))  # tau, sqrt, /, *: rounded up
         floor = (torch.minimum(std[:-1], std[1:]) - drift).amin(-1)  # (m, B) token std floor on each sub-interval
-        v_y = float(floor.clamp_min(0).min()) ** 2 if field.uses_variance else 0.0
+        # the subtraction (where positive) and the square round once each: 1 - gamma_4 keeps v_y below floor^2
+        v_y = float(floor.clamp_min(0).min()) ** 2 * (1 - ln.gamma(4, u)) if field.uses_variance else 0.0
         eps_F, eps_J = field.rounding(y.reshape(-1, H, W, C), v_y)
         eps_F = eps_F.reshape(m + 1, B).amax(0)
         L, M2 = field.lipschitz(v_y), field.curvature(v_y)
