@@ -370,6 +370,9 @@ def test_layernorm_output_radius_rounded_up_in_the_certification_dtype():
     exact = mpmath.sqrt(8) * g + beta
     got = b.terms["mixer_terms"]["token_radius"]
     assert exact <= got <= exact * (1 + 1e-14)
+    # certified in float32 the radius is the same number: LayerNorm's weights are read exactly, in float64
+    got32 = network.vector_field_lipschitz(blk, x, dtype=torch.float32).terms["mixer_terms"]["token_radius"]
+    assert got32 == got
 
 
 def test_vector_field_passes_its_rtol_to_the_mixer_bound():
@@ -381,6 +384,11 @@ def test_vector_field_passes_its_rtol_to_the_mixer_bound():
     fine = network.vector_field_lipschitz(blk, x)
     assert coarse.mixer == network.mixer_lipschitz(blk.mixer, rtol=0.3)[0]
     assert fine.mixer == network.mixer_lipschitz(blk.mixer)[0] < coarse.mixer
+    # a variance floor of 0 is legal (it gives LayerNorm's global constant); a negative one is refused
+    zero = network.vector_field_lipschitz(blk, min_variance=0.0, mixer_bound=(fine.mixer, {}))
+    assert zero.local_bound == zero.global_bound and zero.terms["min_variance"] == 0.0
+    with pytest.raises(ValueError, match="min_variance"):
+        network.vector_field_lipschitz(blk, min_variance=-1e-300)
 
 
 def test_min_token_variance_subtracts_each_tokens_mean_allowance():

@@ -48,15 +48,18 @@ def _block_of(model_or_block) -> nn.Module:
                     f"got {type(model_or_block).__name__}")
 
 
-def _ln_constants(norm: nn.Module, v: float | None, dtype, device):
+def _ln_constants(norm: nn.Module, v: float | None, device):
     """(global, local, token_radius) of one LayerNorm (Identity: 1, 1, inf)."""
     if isinstance(norm, nn.Identity):
         return 1.0, 1.0, math.inf
     if not isinstance(norm, nn.LayerNorm):
         raise TypeError(f"unsupported norm {type(norm).__name__}; expected nn.LayerNorm or nn.Identity")
     C = norm.normalized_shape[-1]
-    gamma = norm.weight.detach().to(dtype=dtype, device=device) if norm.weight is not None else torch.ones(C, dtype=dtype)
-    beta = norm.bias.detach().to(dtype=dtype, device=device) if norm.bias is not None else torch.zeros(C, dtype=dtype)
+    # the stored weights, exactly (float64 holds every float32/bf16 value): converting a float64 layer to a coarser
+    # certification dtype would round max|gamma| and beta, possibly down
+    f64 = dict(dtype=torch.float64, device=device)
+    gamma = norm.weight.detach().to(**f64) if norm.weight is not None else torch.ones(C, **f64)
+    beta = norm.bias.detach().to(**f64) if norm.bias is not None else torch.zeros(C, **f64)
     if not (bool(torch.isfinite(gamma).all()) and bool(torch.isfinite(beta).all())):
         raise ValueError("LayerNorm weight/bias have non-finite entries; fix the weights before certifying")
     gmax = float(gamma.abs().max())
@@ -64,9 +67,8 @@ def _ln_constants(norm: nn.Module, v: float | None, dtype, device):
     glob = symbolic.layernorm_lipschitz(gmax, norm.eps) * up
     loc = symbolic.layernorm_lipschitz(gmax, norm.eps, v) * up if v is not None else None
     # LN output token: gamma * z + beta with ||z|| <= sqrt(C); the norm of beta (C squares, a sum, a sqrt), sqrt(C),
-    # one product and one sum are rounded in the certification dtype (or float64): gamma_{C+4} of it (proofs/S3.md)
-    u = torch.finfo(beta.dtype).eps / 2
-    radius = (math.sqrt(C) * gmax + float(beta.norm())) * (1 + _gamma(C + 4, max(u, _U64)))
+    # one product and one sum, all in float64: gamma_{C+4} (proofs/S3.md, 'Rounding')
+    radius = (math.sqrt(C) * gmax + float(beta.norm())) * (1 + _gamma(C + 4, _U64))
     return glob, loc, radius
 
 
@@ -74,8 +76,10 @@ def mlp_lipschitz(mlp, *, dtype=torch.float64, device=None, variant: str = "exac
     """||W1||_2 sup|GELU'| ||W2||_2 (0 when the block has no MLP)."""
     if mlp is None:
         return 0.0
-    W1 = mlp.fc1.weight.detach().to(dtype=dtype, device=device)
-    W2 = mlp.fc2.weight.detach().to(dtype=dtype, device=device)
+    # the stored weights as they are: norm2_upper verifies in float64, which holds them exactly (a conversion to a
+    # coarser dtype would bound a rounded matrix instead); dtype is accepted for a uniform signature
+    W1 = mlp.fc1.weight.detach().to(device=device)
+    W2 = mlp.fc2.weight.detach().to(device=device)
     for name, t in (("mlp.fc1.weight", W1), ("mlp.fc2.weight", W2)):
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} has non-finite entries; fix the weights before certifying")
@@ -161,10 +165,10 @@ def vector_field_lipschitz(model_or_block, states=None, *, min_variance: float |
         if not math.isfinite(min_variance) or min_variance < 0:
             raise ValueError(f"min_variance must be finite and >= 0, got {min_variance}")
         v = min_variance if v is None else min(v, min_variance)
-    ln1_g, ln1_l, radius1 = _ln_constants(block.norm1, v, dtype, device)
+    ln1_g, ln1_l, radius1 = _ln_constants(block.norm1, v, device)
     use_mlp = block.mlp is not None
     if use_mlp:
-        ln2_g, ln2_l, _ = _ln_constants(block.norm2, v, dtype, device)
+        ln2_g, ln2_l, _ = _ln_constants(block.norm2, v, device)
     else:
         ln2_g, ln2_l = 0.0, (0.0 if v is not None else None)
     if mixer_bound is not None:  # reuse a mixer constant computed before (it does not depend on the states)
