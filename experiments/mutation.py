@@ -54,6 +54,8 @@ GROUPS = {
 # the change only loosens a bound in a way no true-bound test can see. Anything unmatched is reported as
 # "unexplained" and counts against the suite.
 SURVIVOR_REASONS = [
+    ("lipcheck/bounds/network.py", r".*", r"_gamma\([^,()]+, \)",
+     "equivalent: gamma's default unit roundoff is float64's, the u passed (_U64)"),
     ("lipcheck/bounds/network.py", r"_ln_constants", r"torch\.zeros\(C, \)",
      "equivalent: zeros are exact in every dtype, and only their norm (0.0) is used"),
     ("lipcheck/bounds/network.py", r"_ln_constants", r"_gamma\(C \+ 4, \)\)",
