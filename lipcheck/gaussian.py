@@ -83,6 +83,78 @@ def log_normaliser(mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return torch.where(small, direct, poisson)
 
 
+def _dlog_moments(mu, f, s_d, s_p, small, logP):
+    """(e1, e2): the lattice moments behind the first derivatives of log Z and log g.
+
+    With offsets kk = k - round(mu) and f = mu - round(mu), each branch in its cancellation-free form:
+        d log g(k) / d mu    = (P1(kk) - e1) / sigma^2,   d log g(k) / d sigma = (P2(kk) - e2) / sigma^3,
+    small sigma (direct sum, weights p_j = softmax_j of -j (j - 2f) / (2 sigma^2)):
+        P1 = kk, e1 = E[j];  P2 = kk (kk - 2f), e2 = E[j (j - 2f)]
+    (the exponent `log_kernel` uses, so a near-delta kernel gets a near-zero derivative rather than a
+    difference of two large numbers); large sigma (Poisson series, theta = 1 + 2 sum_n q^(n^2) cos(2 pi n f),
+    q = exp(-2 pi^2 sigma^2), log Z = log(sqrt(2 pi) sigma) + log theta):
+        P1 = kk - f, e1 = sigma^2 d log theta / d f = -4 pi sigma^2 sum_n n q^(n^2) sin(2 pi n f) / theta;
+        P2 = (kk - f)^2, e2 = sigma^3 d log Z / d sigma = sigma^2 - 8 pi^2 sigma^4 sum_n n^2 q^(n^2) cos(2 pi n f) / theta.
+    """
+    j = torch.arange(-DIRECT_TERMS, DIRECT_TERMS + 1, dtype=mu.dtype, device=mu.device)
+    fj = f.unsqueeze(-1)
+    p = torch.softmax(-j * (j - 2 * fj) / (2 * s_d.square().unsqueeze(-1)), -1)
+    e1_d = (p * j).sum(-1)
+    e2_d = (p * j * (j - 2 * fj)).sum(-1)
+    n = torch.arange(1, POISSON_TERMS + 1, dtype=mu.dtype, device=mu.device)
+    s2 = s_p.square()
+    q = torch.exp(-2 * math.pi ** 2 * s2.unsqueeze(-1) * n.square())
+    theta = torch.exp(logP)
+    arg = 2 * math.pi * n * fj
+    e1_p = -4 * math.pi * s2 * (n * q * torch.sin(arg)).sum(-1) / theta
+    e2_p = s2 - 8 * math.pi ** 2 * s2.square() * (n.square() * q * torch.cos(arg)).sum(-1) / theta
+    return torch.where(small, e1_d, e1_p), torch.where(small, e2_d, e2_p)
+
+
+def log_normaliser_grad(mu: torch.Tensor, sigma: torch.Tensor):
+    """(d log Z / d mu, d log Z / d sigma), elementwise, in closed form (no autograd).
+
+    Under p(j) = g(j; mu, sigma) on the lattice they are E[j - mu] / sigma^2 and E[(j - mu)^2] / sigma^3;
+    computed from the moments of `_dlog_moments`.
+    """
+    mu, sigma, small, f, c, s_d, s_p, logS, logP = _pieces(mu, sigma)
+    e1, e2 = _dlog_moments(mu, f, s_d, s_p, small, logP)
+    s2 = sigma.square()
+    d_mu = torch.where(small, e1 - f, e1) / s2
+    d_sigma = torch.where(small, e2 + f.square(), e2) / (s2 * sigma)
+    return d_mu, d_sigma
+
+
+def _log_kernel_at(kk, small, f, s_d, s_p, logS, logP):
+    """log g at integer offsets kk = k - round(mu) from the pieces of `_pieces` (broadcast together)."""
+    direct = -kk * (kk - 2 * f) / (2 * s_d.square()) - logS
+    poisson = -(kk - f).square() / (2 * s_p.square()) - (math.log(math.sqrt(2 * math.pi)) + torch.log(s_p) + logP)
+    return torch.where(small, direct, poisson)
+
+
+def lattice_taps(r: int, mu: torch.Tensor, sigma: torch.Tensor, derivatives: bool = False):
+    """g(k; mu, sigma) at k = -r..r along a new last axis (shape mu.shape + (2r + 1,)), from one evaluation
+    of the series: the same numbers as `kernel` at those k, in a few dozen operations however many
+    (mu, sigma) pairs there are.
+
+    derivatives=True returns (g, d log g / d mu, d log g / d sigma), the log-derivatives at the same k in
+    the forms of `_dlog_moments` (no autograd): d g / d mu = g * (d log g / d mu), likewise for sigma.
+    """
+    mu, sigma, small, f, c, s_d, s_p, logS, logP = _pieces(mu, sigma)
+    k = torch.arange(-r, r + 1, dtype=mu.dtype, device=mu.device)
+    u = [t.unsqueeze(-1) for t in (small, f, s_d, s_p, logS, logP)]
+    kk = k - c.unsqueeze(-1)  # integer offsets: exact
+    g = torch.exp(_log_kernel_at(kk, *u))
+    if not derivatives:
+        return g
+    small1, f1 = u[0], u[1]
+    e1, e2 = _dlog_moments(mu, f, s_d, s_p, small, logP)
+    p1 = torch.where(small1, kk, kk - f1)
+    p2 = torch.where(small1, kk * (kk - 2 * f1), p1.square())
+    s2 = sigma.square().unsqueeze(-1)
+    return g, (p1 - e1.unsqueeze(-1)) / s2, (p2 - e2.unsqueeze(-1)) / (s2 * sigma.unsqueeze(-1))
+
+
 def normaliser(mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """Z(mu, sigma) = sum over the integer lattice of exp(-(j - mu)^2 / (2 sigma^2)), elementwise.
 
@@ -98,10 +170,7 @@ def log_kernel(k: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor) -> torch.
     mu, sigma, small, f, c, s_d, s_p, logS, logP = _pieces(mu, sigma)
     k, mu, sigma, small, f, c, s_d, s_p, logS, logP = torch.broadcast_tensors(
         k, mu, sigma, small, f, c, s_d, s_p, logS, logP)
-    kk = k - c  # integer offset from the nearest lattice point to mu: exact
-    direct = -kk * (kk - 2 * f) / (2 * s_d.square()) - logS
-    poisson = -(kk - f).square() / (2 * s_p.square()) - (math.log(math.sqrt(2 * math.pi)) + torch.log(s_p) + logP)
-    return torch.where(small, direct, poisson)
+    return _log_kernel_at(k - c, small, f, s_d, s_p, logS, logP)  # k - c: integer offset, exact
 
 
 def kernel(k: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -138,6 +207,13 @@ def check_representable(mu: torch.Tensor, sigma: torch.Tensor, dtype: torch.dtyp
     mu_d, sig_d = mu_t.detach().to(dtype), torch.as_tensor(sigma).detach().to(dtype)
     fi = torch.finfo(dtype)
     if sig_d.numel() == 0:
+        return
+    # Fast sufficient test (the SSoG layer checks at every parameter update): sigma >= safe makes
+    # 2 sigma^2 >= tiny and (2T + 1) T / (2 sigma^2) <= max, T = DIRECT_TERMS, whatever mu; then every
+    # direct exponent, f^2 / (2 sigma^2) <= it and so log Z are finite too. The factor 2 covers the
+    # rounding of 2 sigma^2 and of the bound itself.
+    safe = 2 * math.sqrt(max(fi.tiny / 2, (2 * DIRECT_TERMS + 1) * DIRECT_TERMS / 2 / fi.max))  # 2 max overflows
+    if bool((sig_d >= safe).all() & torch.isfinite(sig_d).all() & torch.isfinite(mu_d).all()):
         return
     _check_sigma(sig_d)
     fix = ("compute in float32 or float64 (e.g. layer.float()), or keep sigma larger" if fi.bits < 32

@@ -238,3 +238,58 @@ def test_check_representable_reads_the_dtype_of_mu_and_the_exponent_limit():
                 gaussian.check_representable(torch.zeros(1, dtype=torch.float64), sig)
         else:
             gaussian.check_representable(torch.zeros(1, dtype=torch.float64), sig)
+
+
+def mp_moments(mu, sigma):
+    """E[j - mu], E[(j - mu)^2] under p(j) ~ exp(-(j - mu)^2 / (2 sigma^2)) on the integers, by direct summation."""
+    mpmath.mp.dps = 40
+    m, s = mpmath.mpf(mu), mpmath.mpf(sigma)
+    J = int(40 * sigma) + 12
+    c = round(mu)
+    w = [(mpmath.exp(-(j - m) ** 2 / (2 * s * s)), j - m) for j in range(c - J, c + J + 1)]
+    Z = sum(a for a, _ in w)
+    return sum(a * t for a, t in w) / Z, sum(a * t * t for a, t in w) / Z
+
+
+@settings(deadline=None, max_examples=40)
+@given(mu=mus, sigma=sigmas)
+def test_closed_form_derivatives_of_log_z_and_log_g(mu, sigma):
+    """d log Z / d(mu, sigma) = (E[j - mu] / sigma^2, E[(j - mu)^2] / sigma^3) and d log g(k) / d(mu, sigma) =
+    ((k - mu) / sigma^2, (k - mu)^2 / sigma^3) minus them, against high-precision direct sums, down to the
+    sigma floor (a near-delta kernel: derivatives of order 1e-300 that no cancellation may swamp)."""
+    m, s = torch.tensor(mu, dtype=torch.float64), torch.tensor(sigma, dtype=torch.float64)
+    mu_s, sig_s = float(m), float(s)
+    e1, e2 = mp_moments(mu_s, sig_s)
+    d_mu, d_sigma = gaussian.log_normaliser_grad(m, s)
+    u = gaussian.unit_roundoff(torch.float64)
+    assert abs(float(d_mu) - float(e1 / sig_s**2)) <= 256 * u * (1 + 1 / sig_s**2)
+    assert abs(float(d_sigma) - float(e2 / sig_s**3)) <= 256 * u * (1 + 1 / sig_s**3) * (1 + float(e2))
+    r = 8
+    g, dl_mu, dl_sigma = gaussian.lattice_taps(r, m, s, derivatives=True)
+    assert torch.equal(g, gaussian.kernel(torch.arange(-r, r + 1, dtype=torch.float64), m, s))
+    for i, k in enumerate(range(-r, r + 1)):
+        km = mpmath.mpf(k) - mpmath.mpf(mu_s)
+        ref_mu, ref_sigma = (km - e1) / sig_s**2, (km * km - e2) / sig_s**3
+        a = abs(float(km)) + 1 + math.sqrt(float(e2))
+        # The forms of _dlog_moments: an absolute error of a few roundings of (|k - mu| + 1 + sqrt E[(j - mu)^2])^p
+        # / sigma^q; where g itself is below 1e-300 its derivative is irrelevant (multiplied by g): only finiteness.
+        assert math.isfinite(float(dl_mu[i])) and math.isfinite(float(dl_sigma[i]))
+        if float(g[i]) > 1e-300:
+            assert abs(float(dl_mu[i]) - float(ref_mu)) <= 256 * u * a / sig_s**2, (k, float(dl_mu[i]), ref_mu)
+            assert abs(float(dl_sigma[i]) - float(ref_sigma)) <= 256 * u * a * a / sig_s**3, (k, float(dl_sigma[i]))
+
+
+def test_taps_derivatives_are_autograd_of_the_kernel():
+    """sum_k grad_k g(k) d log g(k) (the closed form the SSoG backward uses) equals autograd through `kernel`."""
+    gen = torch.Generator().manual_seed(4)
+    mu = (torch.rand(5, 3, 2, generator=gen, dtype=torch.float64) * 12 - 6).requires_grad_()
+    sigma = torch.exp(torch.rand(5, 3, 2, generator=gen, dtype=torch.float64) * math.log(2000) + math.log(0.02))
+    sigma.requires_grad_()
+    r = 20
+    g = gaussian.kernel(torch.arange(-r, r + 1, dtype=torch.float64), mu[..., None], sigma[..., None])
+    w = torch.randn(g.shape, generator=gen, dtype=torch.float64)
+    a_mu, a_sigma = torch.autograd.grad((g * w).sum(), (mu, sigma))
+    g2, d_mu, d_sigma = gaussian.lattice_taps(r, mu.detach(), sigma.detach(), derivatives=True)
+    scale = (w.abs() * g2).sum(-1) * (1 + r / sigma.detach() ** 2 + r * r / sigma.detach() ** 3)
+    assert ((a_mu - (w * g2 * d_mu).sum(-1)).abs() <= 1e-13 * scale).all()
+    assert ((a_sigma - (w * g2 * d_sigma).sum(-1)).abs() <= 1e-13 * scale).all()

@@ -231,3 +231,54 @@ def test_mlp_slices_only_above_the_activation_size():
         with torch.set_grad_enabled(grad):
             mlp(x)
         assert len(calls) == expect, (limit, grad, len(calls))
+
+
+@pytest.mark.parametrize("backend", ["stacked", "truncated", "auto"])
+def test_batched_kernel_refresh_equals_layer_by_layer(backend, monkeypatch):
+    """The discrete ViT evaluates every block's kernels at once (ssog.refresh_kernels) and builds the stacked
+    factors from one autograd node: over two SGD steps (the second after every kernel changed), with some
+    kernels frozen, its outputs and every gradient equal those of the same model evaluated block by block."""
+    import lipcheck.models.vit as vit_mod
+
+    def build():
+        torch.manual_seed(3)
+        m = ViT("discrete", "ssog", img_size=24, patch_size=4, dim=12, depth=3, num_heads=3, num_classes=5,
+                ssog_backend=backend, dtype=torch.float64)
+        m.blocks[1].mixer.mu.requires_grad_(False)  # a block whose offsets do not train: its own group
+        return m
+
+    x = torch.randn(2, 3, 24, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(vit_mod, "refresh_kernels", lambda layers, H, W: None)
+        m = build()
+        outs, grads = [], []
+        for _ in range(2):
+            y = m(x)
+            y.square().sum().backward()
+            outs.append(y.detach())
+            grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-1e-2)
+                        p.grad = None
+        runs[batched] = (outs, grads)
+    (o1, g1), (o2, g2) = runs[True], runs[False]
+    for a, b in zip(o1, o2):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2):
+        assert a.keys() == b.keys() and "blocks.1.mixer.mu" not in a and "blocks.0.mixer.mu" in a
+        for n in a:
+            assert torch.allclose(a[n], b[n], rtol=1e-10, atol=1e-12), n
+
+
+def test_batched_kernel_refresh_refuses_an_unrepresentable_block():
+    """One block's kernel that float16 cannot carry is refused by the batched check as by the layer's own."""
+    m = ViT("discrete", "ssog", img_size=16, patch_size=4, dim=8, depth=2, num_heads=2, num_classes=3,
+            dtype=torch.float16)
+    with torch.no_grad():
+        m.blocks[1].mixer.sigma_raw.fill_(-30.0)  # sigma = 1e-3 + softplus(-30): 2 sigma^2 below float16's normals
+        with pytest.raises(ValueError, match="not representable"):
+            m(torch.randn(1, 3, 16, 16, dtype=torch.float16))

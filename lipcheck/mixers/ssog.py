@@ -37,8 +37,8 @@ def axis_factors(H: int, W: int, alpha, mu, sigma):
     return GH, GW
 
 
-def _prepare_matmul(H, W, alpha, mu, sigma):
-    return axis_factors(H, W, alpha, mu, sigma)
+def _prepare_matmul(H, W, alpha, mu, sigma, ty, tx):
+    return _toeplitz_from_taps(H, ty) * alpha[..., None, None], _toeplitz_from_taps(W, tx)
 
 
 def _apply_matmul(v, GH, GW):
@@ -48,23 +48,23 @@ def _apply_matmul(v, GH, GW):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fast backends. All read the taps g(k; mu, sigma) from lipcheck.gaussian.kernel at the integer
-# offsets k = i - i' (the same numbers axis_matrix puts in G_n) and differ only in how they apply
-# them: stacked GEMMs (dense factors, components stacked so each axis is one batched GEMM),
+# Backends. All read the taps g(k; mu, sigma) from lipcheck.gaussian.kernel at the integer offsets
+# k = i - i' (the same numbers axis_matrix puts in G_n), computed once per grid by `_axis_taps`, and
+# differ only in how they apply them: dense factors (matmul), stacked GEMMs (dense factors, components stacked so each axis is one batched GEMM),
 # truncated depthwise convolution (taps beyond a radius cut, error bound below), FFT (exact
 # linear convolution by zero padding to >= 2n - 1).
 
 
-def _taps(r: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """g(k; mu, sigma) for k = -r..r, shape mu.shape + (2r + 1,).
-
-    Values below the dtype's smallest normal number are set to zero: subnormal floats slow every
-    later multiply by an order of magnitude on x86 and change nothing above 1e-308 (float64) or
-    1e-38 (float32) absolute.
-    """
-    k = torch.arange(-r, r + 1, dtype=mu.dtype, device=mu.device)
-    g = gaussian.kernel(k, mu[..., None], sigma[..., None])
+def _flush(g: torch.Tensor) -> torch.Tensor:
+    """Taps below the dtype's smallest normal number set to zero: subnormal floats slow every later
+    multiply by an order of magnitude on x86 and change nothing above 1e-308 (float64) or 1e-38
+    (float32) absolute."""
     return torch.where(g < torch.finfo(g.dtype).tiny, torch.zeros((), dtype=g.dtype, device=g.device), g)
+
+
+def _taps(r: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """g(k; mu, sigma) for k = -r..r, shape mu.shape + (2r + 1,), subnormal values flushed to zero."""
+    return _flush(gaussian.lattice_taps(r, mu, sigma))
 
 
 def _toeplitz(n: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -72,13 +72,20 @@ def _toeplitz(n: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return _toeplitz_from_taps(n, _taps(n - 1, mu, sigma))
 
 
-def _axis_taps(H: int, W: int, mu: torch.Tensor, sigma: torch.Tensor):
-    """Taps of both axes from one kernel evaluation: g(k) for |k| <= max(H, W) - 1, shape (h, M, 2, 2r+1);
-    returns (y taps for |k| <= H - 1, x taps for |k| <= W - 1). One call instead of two halves the
-    small operations (and their backward) that building the factors costs."""
-    r = max(H, W) - 1
-    taps = _taps(r, mu, sigma)
+def _full_taps(H: int, W: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """Taps of both axes from one kernel evaluation: g(k) for |k| <= max(H, W) - 1, shape (h, M, 2, 2r+1)."""
+    return _taps(max(H, W) - 1, mu, sigma)
+
+
+def _split_taps(H: int, W: int, taps: torch.Tensor):
+    """(y taps for |k| <= H - 1, x taps for |k| <= W - 1) out of `_full_taps`."""
+    r = (taps.shape[-1] - 1) // 2
     return taps[..., 0, r - (H - 1):r + H], taps[..., 1, r - (W - 1):r + W]
+
+
+def _axis_taps(H: int, W: int, mu: torch.Tensor, sigma: torch.Tensor):
+    """(y taps, x taps) of an H x W grid: one kernel evaluation for both axes."""
+    return _split_taps(H, W, _full_taps(H, W, mu, sigma))
 
 
 def _toeplitz_from_taps(n: int, taps: torch.Tensor) -> torch.Tensor:
@@ -87,11 +94,10 @@ def _toeplitz_from_taps(n: int, taps: torch.Tensor) -> torch.Tensor:
     return taps[..., (idx[:, None] - idx[None, :]) + (n - 1)]
 
 
-def _prepare_stacked(H, W, alpha, mu, sigma):
+def _prepare_stacked(H, W, alpha, mu, sigma, ty, tx):
     """[G_W^1; ...; G_W^M] (h, M W, W) with rows (m, j), and [alpha_m G_H^m[i, k]] (h, H, H M) with
     columns (k, m)."""
     h, M = alpha.shape
-    ty, tx = _axis_taps(H, W, mu, sigma)
     GW = _toeplitz_from_taps(W, tx).reshape(h, M * W, W)  # rows (m, j)
     GH = _toeplitz_from_taps(H, ty * alpha[..., None])  # (h, M, H, H) [m, i, k]
     return GW, GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
@@ -156,7 +162,7 @@ def truncation_radius(n: int, mu: torch.Tensor, sigma: torch.Tensor, tol: float)
     return max(0, min(int(n) - 1, r))
 
 
-def _prepare_truncated(H, W, alpha, mu, sigma, tol=None):
+def _prepare_truncated(H, W, alpha, mu, sigma, ty, tx, tol=None):
     """Per component m: (r_y, r_x, y taps alpha_m g_y,m flipped, x taps g_x,m flipped), each
     component with its own radii (the largest over heads), so narrow components cost few taps."""
     M = alpha.shape[1]
@@ -166,8 +172,8 @@ def _prepare_truncated(H, W, alpha, mu, sigma, tol=None):
         ry = truncation_radius(H, mu[:, m, 0], sigma[:, m, 0], tol)
         rx = truncation_radius(W, mu[:, m, 1], sigma[:, m, 1], tol)
         # conv2d is a cross-correlation, out[i] = sum_t w[t] x[i + t - r], so w[t] = g(r - t): flip the taps.
-        gx = _taps(rx, mu[:, m, 1], sigma[:, m, 1]).flip(-1)  # (h, 2rx+1)
-        gy = (_taps(ry, mu[:, m, 0], sigma[:, m, 0]) * alpha[:, m, None]).flip(-1)  # (h, 2ry+1)
+        gx = tx[:, m, W - 1 - rx:W + rx].flip(-1)  # (h, 2rx+1): offsets -rx..rx
+        gy = (ty[:, m, H - 1 - ry:H + ry] * alpha[:, m, None]).flip(-1)  # (h, 2ry+1)
         out.append((ry, rx, gy, gx))
     return tuple(out)
 
@@ -195,7 +201,8 @@ def _apply_truncated(v, *components):
 
 def _mix_truncated(v, alpha, mu, sigma, tol=None):
     """Truncated backend in one call (prepare + apply), with an explicit truncation tolerance."""
-    return _apply_truncated(v, *_prepare_truncated(v.shape[1], v.shape[2], alpha, mu, sigma, tol))
+    H, W = v.shape[1], v.shape[2]
+    return _apply_truncated(v, *_prepare_truncated(H, W, alpha, mu, sigma, *_axis_taps(H, W, mu, sigma), tol))
 
 
 def fft_size(n: int) -> int:
@@ -211,11 +218,10 @@ def fft_size(n: int) -> int:
         m += 1
 
 
-def _prepare_fft(H, W, alpha, mu, sigma):
+def _prepare_fft(H, W, alpha, mu, sigma, ty, tx):
     """rfft2 of the summed kernel k_h[a, b] = sum_m alpha g_y(a) g_x(b), |a| < H, |b| < W, zero padded."""
     Lh, Lw = fft_size(H), fft_size(W)
-    gy, gx = _axis_taps(H, W, mu, sigma)  # (h, M, 2H-1), (h, M, 2W-1)
-    gy = gy * alpha[..., None]
+    gy, gx = ty * alpha[..., None], tx  # (h, M, 2H-1), (h, M, 2W-1)
     k2 = torch.einsum("hma,hmb->hab", gy, gx)  # offsets a = -(H-1)..H-1, b likewise
     kpad = F.pad(k2, (0, Lw - (2 * W - 1), 0, Lh - (2 * H - 1)))
     kpad = torch.roll(kpad, shifts=(-(H - 1), -(W - 1)), dims=(1, 2))  # offset 0 at index 0, negatives wrap
@@ -235,8 +241,10 @@ def _apply_fft(v, khat):
     return out[:, :H, :W]
 
 
-# Every backend is a pair: prepare(H, W, alpha, mu, sigma) -> factors, which depends on the kernel
-# parameters only (the module caches it while they do not change), and apply(v, *factors).
+# Every backend is a pair: prepare(H, W, alpha, mu, sigma, ty, tx) -> factors, which depends on the
+# kernel parameters only (the module caches it while they do not change), and apply(v, *factors).
+# ty, tx are the taps of `_axis_taps`; mu and sigma serve only choices that take no gradient (the
+# truncation radii), so the factors depend on mu and sigma through the taps alone.
 BACKEND_PARTS: dict[str, tuple[Callable, Callable]] = {
     "matmul": (_prepare_matmul, _apply_matmul),
     "stacked": (_prepare_stacked, _apply_stacked),
@@ -247,7 +255,8 @@ BACKEND_PARTS: dict[str, tuple[Callable, Callable]] = {
 
 def _one_call(prepare, apply):
     def mix(v, alpha, mu, sigma):
-        return apply(v, *prepare(v.shape[1], v.shape[2], alpha, mu, sigma))
+        H, W = v.shape[1], v.shape[2]
+        return apply(v, *prepare(H, W, alpha, mu, sigma, *_axis_taps(H, W, mu, sigma)))
     return mix
 
 
@@ -289,15 +298,6 @@ def _functorch_active() -> bool:
         return torch._C._functorch.peek_interpreter_stack() is not None
     except AttributeError:
         return False
-
-
-def _tensors(obj):
-    """Every tensor inside nested tuples (the prepared factors of any backend)."""
-    if torch.is_tensor(obj):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o)
 
 
 class ThreadPolicy:
@@ -342,59 +342,174 @@ def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
     return F.softplus(sigma_raw) + SIGMA_FLOOR
 
 
-class _FactorGrad(torch.autograd.Function):
-    """Identity on cached (graph-free) factors whose backward pulls the incoming gradients back to
-    alpha, mu, sigma_raw: through the factors' own autograd graph when the cache holds one for these
-    very parameter tensors (retained, so every use of the cached factors can go through it),
-    otherwise (and for double backward) by rebuilding the factors with autograd."""
+class _TapGrad(torch.autograd.Function):
+    """Identity on cached (graph-free) taps of `_full_taps` whose backward pulls their gradient back to
+    mu and sigma_raw through the kernel's log-derivatives, computed in closed form with the taps
+    (`gaussian.lattice_taps`): d g / d mu = g d log g / d mu, a handful of operations per use instead
+    of differentiating through the kernel's evaluation, which cost more than the mixing itself at
+    14x14 tokens. A double backward (create_graph) differentiates the kernel's own evaluation instead,
+    so second derivatives come from the same definition."""
 
     @staticmethod
-    def forward(ctx, H, W, backend, graph, alpha, mu, sigma_raw, *flat):
-        ctx.grid, ctx.backend, ctx.graph = (H, W), backend, graph
-        ctx.save_for_backward(alpha, mu, sigma_raw)
-        return tuple(f.detach() for f in flat)
+    def forward(ctx, mu, sigma_raw, taps, d_mu, d_sigma):
+        ctx.save_for_backward(mu, sigma_raw, taps, d_mu, d_sigma)
+        return taps.detach()
 
     @staticmethod
-    def backward(ctx, *grads):
-        alpha, mu, sigma_raw = ctx.saved_tensors
-        double = torch.is_grad_enabled()  # create_graph: keep the path to the parameters themselves
-        need = ctx.needs_input_grad[4:7]
-        # The retained graph serves first-order backward passes; a double backward rebuilds, so that
-        # no second-order pass can free buffers the retained graph still needs.
-        use_graph = ctx.graph is not None and not double
-        with torch.enable_grad():
-            if use_graph:
-                leaves = [alpha, mu, sigma_raw]
-                outs = ctx.graph
-            else:
-                leaves = [t if double and t.requires_grad else t.detach().requires_grad_(True)
-                          for t in (alpha, mu, sigma_raw)]
-                factors = BACKEND_PARTS[ctx.backend][0](*ctx.grid, leaves[0], leaves[1],
-                                                        _effective_sigma(leaves[2]))
-                outs = list(_tensors(factors))
-            pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-            wanted = [i for i in range(3) if need[i] and leaves[i].requires_grad]
-            got = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in wanted], [g for _, g in pairs],
-                                      allow_unused=True, retain_graph=use_graph or double,
-                                      create_graph=double) if pairs and wanted else ()
-        gp = [None, None, None]
-        for i, g in zip(wanted, got):
-            gp[i] = g
-        return (None, None, None, None, *gp, *([None] * len(grads)))
+    def backward(ctx, grad):
+        mu, sigma_raw, taps, d_mu, d_sigma = ctx.saved_tensors
+        need = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():  # create_graph: keep the path to the parameters themselves
+            r = (taps.shape[-1] - 1) // 2
+            wanted = [t for t, n in zip((mu, sigma_raw), need) if n]
+            got = iter(torch.autograd.grad(_taps(r, mu, _effective_sigma(sigma_raw)), wanted, grad,
+                                           create_graph=True, allow_unused=True))
+            return (*(next(got) if n else None for n in need), None, None, None)
+        w = grad * taps  # flushed taps are zero: no gradient through them
+        return ((w * d_mu).sum(-1) if need[0] else None,
+                (w * d_sigma).sum(-1) * torch.sigmoid(sigma_raw) if need[1] else None, None, None, None)
 
 
-def _attach_gradient(H, W, backend, factors, alpha, mu, sigma_raw, graph=None):
-    flat = list(_tensors(factors))
-    live = iter(_FactorGrad.apply(H, W, backend, graph, alpha, mu, sigma_raw, *flat))
-    return _rebuild(factors, live)
+def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
+    """out[..., t] = sum over i - i' = t - (n - 1) of G[..., i, i']: the adjoint of `_toeplitz_from_taps`."""
+    n = G.shape[-1]
+    idx = torch.arange(n, device=G.device)
+    flat = ((idx[:, None] - idx[None, :]) + (n - 1)).reshape(-1)
+    out = G.new_zeros(*G.shape[:-2], 2 * n - 1)
+    return out.index_add_(-1, flat, G.reshape(*G.shape[:-2], n * n))
 
 
-def _rebuild(obj, it):
-    if torch.is_tensor(obj):
-        return next(it)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_rebuild(o, it) for o in obj)
-    return obj
+def _grad_taps(taps: torch.Tensor, dty: torch.Tensor, dtx: torch.Tensor) -> torch.Tensor:
+    """Gradient on the full taps (h, M, 2, 2r+1) from gradients on the y and x windows of `_split_taps`."""
+    H, W = (dty.shape[-1] + 1) // 2, (dtx.shape[-1] + 1) // 2
+    r = (taps.shape[-1] - 1) // 2
+    if H == W == r + 1:
+        return torch.stack((dty, dtx), -2)
+    out = taps.new_zeros(taps.shape)
+    out[..., 0, r - (H - 1):r + H] = dty
+    out[..., 1, r - (W - 1):r + W] = dtx
+    return out
+
+
+class _StackedFactors(torch.autograd.Function):
+    """The stacked backend's factors (GW, GH) for one layer's kernels or several layers' concatenated
+    over heads, from the cached taps, with a backward in closed form: the factor gradients folded onto
+    the taps (sums along diagonals, the adjoint of building a Toeplitz matrix), then onto alpha and,
+    through the taps' log-derivatives (as in _TapGrad), onto mu and sigma_raw. Differentiated piece by
+    piece the same assembly is a dozen small autograd nodes per layer (slices, gathers, a permuted
+    copy, scatter-adds); here it is one node for all layers of a model (`refresh_kernels`). A double
+    backward (create_graph) differentiates the plain composition instead."""
+
+    @staticmethod
+    def forward(ctx, H, W, alpha, mu, sigma_raw, taps, d_mu, d_sigma):
+        ctx.grid = (H, W)
+        ctx.save_for_backward(alpha, mu, sigma_raw, taps, d_mu, d_sigma)
+        return _prepare_stacked(H, W, alpha, None, None, *_split_taps(H, W, taps))
+
+    @staticmethod
+    def backward(ctx, dGW, dGH):
+        alpha, mu, sigma_raw, taps, d_mu, d_sigma = ctx.saved_tensors
+        (H, W), need = ctx.grid, ctx.needs_input_grad[2:5]
+        if torch.is_grad_enabled():  # create_graph: keep the path to the parameters themselves
+            wanted = [t for t, n in zip((alpha, mu, sigma_raw), need) if n]
+            sigma = _effective_sigma(sigma_raw)
+            outs = _prepare_stacked(H, W, alpha, mu, sigma, *_axis_taps(H, W, mu, sigma))
+            pairs = [(o, g) for o, g in zip(outs, (dGW, dGH)) if g is not None]
+            got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                           create_graph=True, allow_unused=True))
+            return (None, None, *(next(got) if n else None for n in need), None, None, None)
+        n, M = alpha.shape
+        dGW = torch.zeros(n, M * W, W, dtype=taps.dtype, device=taps.device) if dGW is None else dGW
+        dGH = torch.zeros(n, H, H * M, dtype=taps.dtype, device=taps.device) if dGH is None else dGH
+        dty_alpha = _diagonal_sums(dGH.view(n, H, H, M).permute(0, 3, 1, 2))  # on alpha_m g_y,m: (n, M, 2H-1)
+        dtx = _diagonal_sums(dGW.view(n, M, W, W))
+        dalpha = dmu = dsigma_raw = None
+        if need[0]:
+            dalpha = (dty_alpha * _split_taps(H, W, taps)[0]).sum(-1)
+        if need[1] or need[2]:
+            w = _grad_taps(taps, dty_alpha * alpha[..., None], dtx) * taps  # flushed taps: no gradient
+            dmu = (w * d_mu).sum(-1) if need[1] else None
+            dsigma_raw = (w * d_sigma).sum(-1) * torch.sigmoid(sigma_raw) if need[2] else None
+        return None, None, dalpha, dmu, dsigma_raw, None, None, None
+
+
+def _needs_taps(entry: dict, tap_grad: bool) -> bool:
+    return entry["taps"] is None or (tap_grad and entry["dlog"] is None)
+
+
+def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
+    """Taps (and, for tap_grad, their log-derivatives) of every (entry, mu, sigma) in `items` from one
+    evaluation of the kernel series over the concatenated parameters: the evaluation is a few hundred
+    small operations whatever its size, so a dozen layers cost about what one does."""
+    with torch.no_grad():
+        mus, sigmas = [m for _, m, _ in items], [s for _, _, s in items]
+        mu, sigma = (mus[0], sigmas[0]) if len(items) == 1 else (torch.cat(mus), torch.cat(sigmas))
+        out = gaussian.lattice_taps(max(H, W) - 1, mu, sigma, derivatives=tap_grad)
+        g, dlog = (out[0], out[1:]) if tap_grad else (out, ())
+        sizes = [m.shape[0] for m in mus]
+        parts = [_flush(g).split(sizes), *(d.split(sizes) for d in dlog)]
+        for n, (entry, _, _) in enumerate(items):
+            entry["taps"] = parts[0][n]
+            if tap_grad:
+                entry["dlog"] = (parts[1][n], parts[2][n])
+
+
+def _cat(ts):
+    return ts[0] if len(ts) == 1 else torch.cat(ts)
+
+
+def refresh_kernels(layers, H: int, W: int) -> None:
+    """Bring the kernel caches of several SSoG layers up to date for an H x W grid with one evaluation
+    of the kernel series (and one representability check) for all whose parameters changed, and, where
+    a training forward follows, their stacked factors from one autograd node (`_StackedFactors`).
+
+    A training step changes every layer's kernels; evaluated layer by layer the series costs a few
+    hundred small operations per layer, about as much as the layer's mixing at 224x224. The discrete
+    ViT calls this once per forward, before its blocks; each layer's own forward then finds its cache
+    current and its factors made (each layer must then be applied once in that forward). Every number is
+    the same as layer by layer; layers inside torch.func transforms are left alone.
+    """
+    groups: dict = {}
+    graphed = []
+    for layer in layers:
+        key = layer._cache_key(H, W)
+        if key is None:
+            continue
+        alpha, mu, sigma = layer.gaussian_params()
+        graph, tap_grad = layer._grad_needs()
+        entry = layer._cache().get(key)
+        if graph:
+            graphed.append((layer, key))
+        if not layer._is_current(entry):
+            entry = None
+        elif not _needs_taps(entry, tap_grad):
+            continue
+        gk = (tuple(mu.shape[1:]), mu.dtype, mu.device, tap_grad)
+        groups.setdefault(gk, []).append((layer, key, entry, alpha, mu.detach(), sigma.detach()))
+    for (_, dtype, _, tap_grad), todo in groups.items():
+        fresh = [t for t in todo if t[2] is None]
+        if fresh:
+            gaussian.check_representable(torch.cat([t[4] for t in fresh]), torch.cat([t[5] for t in fresh]),
+                                         dtype, name="SSoG kernel")
+        items = [(entry if entry is not None else layer._new_entry(key, H, W, alpha, mu, sigma, checked=True),
+                  mu, sigma) for layer, key, entry, alpha, mu, sigma in todo]
+        _fill_taps(items, H, W, tap_grad)
+    banks: dict = {}
+    for layer, key in graphed:
+        entry = layer._cache()[key]
+        if entry["backend"] == "stacked":
+            ps = (layer.alpha, layer.mu, layer.sigma_raw)
+            bk = (tuple(layer.mu.shape[1:]), layer.mu.dtype, layer.mu.device, tuple(p.requires_grad for p in ps))
+            banks.setdefault(bk, []).append((layer, entry))
+    for (*_, need), members in banks.items():
+        tap_grad = need[1] or need[2]
+        dlog = [_cat([e["dlog"][i] for _, e in members]) for i in (0, 1)] if tap_grad else (None, None)
+        GW, GH = _StackedFactors.apply(H, W, *(_cat([getattr(l, n) for l, _ in members])
+                                               for n in ("alpha", "mu", "sigma_raw")),
+                                       _cat([e["taps"] for _, e in members]), *dlog)
+        sizes = [l.num_heads for l, _ in members]
+        for (_, e), gw, gh in zip(members, GW.split(sizes), GH.split(sizes)):
+            e["live"] = (gw, gh)
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -499,10 +614,10 @@ class SSoG(nn.Module):
     # from, and served only while the parameters still hold exactly those values (torch.equal on
     # 5 h M numbers). Version counters alone would miss writes through `.data` (which gradcheck and
     # older optimiser code use); the values see every change: optimizer steps, copy_ under no_grad,
-    # set_gaussian_params, load_state_dict, .to(). The cached factors carry no autograd graph; where
-    # the kernel parameters need gradients, `_FactorGrad` attaches a fresh node per forward whose
-    # backward rebuilds the factors with autograd (so no cached factor is tied to a graph that a
-    # backward pass has already freed).
+    # set_gaussian_params, load_state_dict, .to(). Nothing cached carries an autograd graph: where
+    # the kernel parameters need gradients, each forward assembles the factors from the cached taps
+    # through `_TapGrad`, whose backward is the kernel's derivative in closed form (so no cached
+    # tensor is tied to a graph that a backward pass has already freed).
 
     def _cache_key(self, H: int, W: int):
         ps = (self.alpha, self.mu, self.sigma_raw)
@@ -515,53 +630,84 @@ class SSoG(nn.Module):
     def clear_kernel_cache(self) -> None:
         self.__dict__["_kernel_cache"] = {}
 
-    def kernel_factors(self, H: int, W: int):
-        """(backend, factors) for an H x W grid: the backend chosen (for backend='auto') and its
-        prepared factors, refusing kernels the dtype cannot carry. Cached while the parameters do not change."""
+    def mix_values(self, v: torch.Tensor) -> torch.Tensor:
+        """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with the kernels of the cache:
+        the backend chosen (for backend='auto'), kernels the dtype cannot carry refused."""
+        H, W = v.shape[1], v.shape[2]
+        alpha, mu, sigma = self.gaussian_params()
         key = self._cache_key(H, W)
         if key is None:
-            return self._build_factors(H, W, *self.gaussian_params())
-        ps = (self.alpha, self.mu, self.sigma_raw)
-        graph_needed = torch.is_grad_enabled() and any(p.requires_grad for p in ps)
-        cache = self.__dict__.setdefault("_kernel_cache", {})
-        entry = cache.get(key)
-        if entry is None or not all(a.dtype == p.dtype and torch.equal(a, p) for a, p in zip(entry["snapshot"], ps)):
-            snapshot = tuple(p.detach().clone() for p in ps)
-            if graph_needed:
-                # Built once with autograd; the graph serves the backward of every use until the
-                # parameters change (so a training step builds the factors once, not once per use).
-                backend, built = self._build_factors(H, W, *self.gaussian_params())
-                factors = _rebuild(built, iter([t.detach() for t in _tensors(built)]))
-                graph = (ps, tuple(p._version for p in ps), list(_tensors(built)))
-            else:
+            backend, factors = self._build_factors(H, W, alpha, mu, sigma)
+            return BACKEND_PARTS[backend][1](v, *factors)
+        graph, tap_grad = self._grad_needs()
+        entry = self._cache().get(key)
+        if not self._is_current(entry):
+            entry = self._new_entry(key, H, W, alpha, mu, sigma)
+        if _needs_taps(entry, tap_grad):
+            _fill_taps([(entry, mu, sigma)], H, W, tap_grad)
+        backend, taps = entry["backend"], entry["taps"]
+        prepare, apply = BACKEND_PARTS[backend]
+        if not graph:
+            if entry["factors"] is None:
                 with torch.no_grad():
-                    backend, factors = self._build_factors(H, W, *self.gaussian_params())
-                graph = None
-            if len(cache) >= 8:  # a handful of grids at most (one per resolution in use)
-                cache.clear()
-            entry = cache[key] = dict(snapshot=snapshot, backend=backend, factors=factors, graph=graph)
-        backend, factors = entry["backend"], entry["factors"]
-        if graph_needed:
-            g = entry["graph"]
-            usable = (g is not None and all(a is b for a, b in zip(g[0], ps))
-                      and all(v == p._version for v, p in zip(g[1], ps)))
-            factors = _attach_gradient(H, W, backend, factors, *ps, graph=g[2] if usable else None)
-        return backend, factors
+                    entry["factors"] = prepare(H, W, alpha, mu, sigma, *_split_taps(H, W, taps))
+            return apply(v, *entry["factors"])
+        dlog = entry["dlog"] if tap_grad else (None, None)
+        if backend == "stacked":  # training's usual path: factors from one node with a closed-form backward
+            live = entry.pop("live", None)  # made for this forward by refresh_kernels, used once
+            if live is None:
+                live = _StackedFactors.apply(H, W, self.alpha, self.mu, self.sigma_raw, taps, *dlog)
+            return apply(v, *live)
+        # Other backends: the factors are assembled from the cached taps on every forward (a few cheap
+        # operations, differentiated by autograd; alpha enters here), the taps' own gradient comes
+        # from _TapGrad in closed form.
+        if tap_grad:
+            taps = _TapGrad.apply(self.mu, self.sigma_raw, taps, *dlog)
+        return apply(v, *prepare(H, W, alpha, mu.detach(), sigma.detach(), *_split_taps(H, W, taps)))
+
+    def _cache(self) -> dict:
+        return self.__dict__.setdefault("_kernel_cache", {})
+
+    def _grad_needs(self) -> tuple[bool, bool]:
+        """(factors need an autograd path, the taps need one to mu / sigma_raw)."""
+        graph = torch.is_grad_enabled() and any(p.requires_grad for p in (self.alpha, self.mu, self.sigma_raw))
+        return graph, graph and (self.mu.requires_grad or self.sigma_raw.requires_grad)
+
+    def _is_current(self, entry) -> bool:
+        return entry is not None and all(a.dtype == p.dtype and torch.equal(a, p) for a, p in
+                                         zip(entry["snapshot"], (self.alpha, self.mu, self.sigma_raw)))
+
+    def _new_entry(self, key, H, W, alpha, mu, sigma, checked: bool = False) -> dict:
+        """A fresh cache entry for the current parameters: checked, backend chosen, no taps yet."""
+        with torch.no_grad():
+            if not checked:
+                gaussian.check_representable(mu, sigma, alpha.dtype, name="SSoG kernel")
+            backend = self._choose_backend(H, W, alpha, mu, sigma)
+        cache = self._cache()
+        if len(cache) >= 8:  # a handful of grids at most (one per resolution in use)
+            cache.clear()
+        cache[key] = entry = dict(snapshot=tuple(p.detach().clone() for p in (self.alpha, self.mu, self.sigma_raw)),
+                                  backend=backend, taps=None, dlog=None, factors=None)
+        return entry
+
+    def _choose_backend(self, H, W, alpha, mu, sigma) -> str:
+        if self.backend != "auto":
+            return self.backend
+        # The choice changes speed only (every backend is exact to float rounding), so it is
+        # re-evaluated every CHOICE_REFRESH builds of a grid rather than at each parameter update.
+        choices = self.__dict__.setdefault("_backend_choice", {})
+        backend, uses = choices.get((H, W), (None, 0))
+        if backend is None or uses >= CHOICE_REFRESH:
+            backend, uses = choose_backend(H, W, alpha, mu, sigma), 0
+        choices[(H, W)] = (backend, uses + 1)
+        return backend
 
     def _build_factors(self, H, W, alpha, mu, sigma):
+        """Backend and factors built afresh with plain autograd operations (inside torch.func transforms)."""
         # a kernel the dtype cannot carry would come out as NaN: refuse instead
         gaussian.check_representable(mu, sigma, alpha.dtype, name="SSoG kernel")
-        if self.backend == "auto":
-            # The choice changes speed only (every backend is exact to float rounding), so it is
-            # re-evaluated every CHOICE_REFRESH builds of a grid rather than at each parameter update.
-            choices = self.__dict__.setdefault("_backend_choice", {})
-            backend, uses = choices.get((H, W), (None, 0))
-            if backend is None or uses >= CHOICE_REFRESH:
-                backend, uses = choose_backend(H, W, alpha, mu, sigma), 0
-            choices[(H, W)] = (backend, uses + 1)
-        else:
-            backend = self.backend
-        return backend, BACKEND_PARTS[backend][0](H, W, alpha, mu, sigma)
+        backend = self._choose_backend(H, W, alpha, mu, sigma)
+        return backend, BACKEND_PARTS[backend][0](H, W, alpha, mu, sigma, *_axis_taps(H, W, mu, sigma))
 
     def _apply(self, fn, *args, **kwargs):
         self.clear_kernel_cache()  # .to(), .float(), .cuda(): never serve factors of the old tensors
@@ -597,9 +743,7 @@ class SSoG(nn.Module):
         """Value projection, per-head spatial mixing with the (cached) factors, output projection."""
         B, H, W, C = x.shape
         v = self.v_proj(x).reshape(B, H, W, self.num_heads, self.head_dim)
-        backend, factors = self.kernel_factors(H, W)
-        y = BACKEND_PARTS[backend][1](v, *factors)
-        return self.o_proj(y.reshape(B, H, W, C))
+        return self.o_proj(self.mix_values(v).reshape(B, H, W, C))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, components={self.num_components}, backend={self.backend}"

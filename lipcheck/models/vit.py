@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mixers import MIXERS, make_mixer
+from ..mixers.ssog import refresh_kernels
 
 VARIANTS = ("discrete", "looped", "ode")
 
@@ -184,6 +185,8 @@ class ViT(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         if self.variant == "discrete":
+            if self.mixer_name == "ssog":  # every block's kernels from one evaluation (ssog.refresh_kernels)
+                refresh_kernels([blk.mixer for blk in self.blocks], x.shape[1], x.shape[2])
             for blk in self.blocks:
                 x = blk(x)
         elif self.variant == "looped":
