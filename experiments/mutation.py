@@ -290,6 +290,11 @@ SURVIVOR_REASONS = [
     ("lipcheck/gaussian.py", r"check_representable", r"is_floating_point\(\)\) and False|\(2 \* DIRECT_TERMS - 1\) \* DIRECT_TERMS",
      "now killed by tests/test_gaussian.py::test_check_representable_reads_the_dtype_of_mu_and_the_exponent_limit "
      "(added after this run, checked by applying the mutant by hand)"),
+    ("lipcheck/gaussian.py", r"_dlog_moments|lattice_taps|log_normaliser_grad", r"device=None\)|dtype=mu\.dtype, \)",
+     "equivalent on a CPU-only machine: device=None means the default (CPU) device, where mu is"),
+    ("lipcheck/gaussian.py", r"symbol", r"as_tensor\(omega, dtype=None,",
+     "now killed by tests/test_gaussian.py::test_batched_symbol_and_kernel_match_their_scalar_values (a frequency "
+     "given as a Python number; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/gaussian.py", r"symbol", r"device=None\)",
      "equivalent on a CPU-only machine: device=None means the default (CPU) device"),
     ("lipcheck/gaussian.py", r"symbol", r"torch\.arange\(-DIRECT_TERMS, DIRECT_TERMS - 1,",

@@ -215,6 +215,8 @@ def test_batched_symbol_and_kernel_match_their_scalar_values():
     gb = gaussian.kernel(k, mu, sigma)
     for i in range(4):
         assert complex(batch[i]) == complex(gaussian.symbol(w[i], mu[i], sigma[i]))
+        # a frequency given as a Python number is read in mu's dtype (float64), not the default float32
+        assert complex(batch[i]) == complex(gaussian.symbol(float(w[i]), mu[i], sigma[i]))
         assert float(gb[i]) == pytest.approx(float(mp_g(float(k[i]), float(mu[i]), float(sigma[i]))), rel=1e-12)
     assert gaussian.kernel(torch.tensor(1.0, dtype=torch.float32), torch.tensor(0.2, dtype=torch.float32),
                            torch.tensor(0.7, dtype=torch.float32)).dtype == torch.float32
