@@ -432,7 +432,7 @@ def measure_row(cfg: dict) -> dict:
     if TB > B and live:
         for m, L in live.items():
             L["xt"], L["lt"] = make_inputs(res[m]["config"], L["module"], TB, device, dtype)
-        tt = rotate(("xt", "lt"), 1, int(cfg.get("throughput_repeats", 2)))
+        tt = rotate(("xt", "lt"), int(cfg.get("throughput_warmup", 1)), int(cfg.get("throughput_repeats", 2)))
         for m, t in tt.items():
             if m in live and t:
                 res[m]["throughput"] = dict(batch=TB, **summarize(t), times_s=t, images_per_s=TB / statistics.median(t))

@@ -9,6 +9,7 @@ mixing, the output projection.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Callable
@@ -306,8 +307,9 @@ class ThreadPolicy:
     A call is a dozen parallel regions or more (the projections, two axis products per head). On a machine whose other
     cores are busy, every region waits for its slowest thread, which the scheduler may have parked
     for a whole time slice: more threads can then be many times slower than one. The policy times
-    the mixing under both settings (one call each at first, then one probe call of the other setting
-    every `probe_every` calls), keeps an exponential average per grid and uses the faster. On a quiet
+    the mixing under both settings (one call each at first, after one untimed warm-up call at torch's
+    count that pays for first-touch allocations; then one probe call of the other setting every
+    `probe_every` calls), keeps an exponential average per grid and uses the faster. On a quiet
     machine it settles on torch's count; under load on one thread. The result is the same number
     either way: only the thread count changes.
     """
@@ -320,7 +322,7 @@ class ThreadPolicy:
         n = torch.get_num_threads()
         if n <= 1:
             return n
-        st = self.stats.setdefault((key, n), {"calls": 0, n: None, 1: None})
+        st = self.stats.setdefault((key, n), {"calls": 0, "warm": False, n: None, 1: None})
         st["calls"] += 1
         if st[n] is None:
             return n
@@ -333,6 +335,9 @@ class ThreadPolicy:
         n = torch.get_num_threads() if threads == 1 else threads
         st = self.stats.get((key, n))
         if st is None:
+            return
+        if not st["warm"]:  # the first call of a key is a warm-up: its time says little about either setting
+            st["warm"] = True
             return
         old = st[threads]
         st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
@@ -458,24 +463,37 @@ def _cat(ts):
     return ts[0] if len(ts) == 1 else torch.cat(ts)
 
 
-def refresh_kernels(layers, H: int, W: int) -> None:
-    """Bring the kernel caches of several SSoG layers up to date for an H x W grid with one evaluation
-    of the kernel series (and one representability check) for all whose parameters changed, and, where
-    a training forward follows, their stacked factors from one autograd node (`_StackedFactors`).
+@contextlib.contextmanager
+def prepared_kernels(layers, H: int, W: int):
+    """Within the block: the kernel caches of several SSoG layers brought up to date for an H x W grid
+    with one evaluation of the kernel series (and one representability check) for all whose parameters
+    changed, and, under autograd, their stacked factors made once, from one autograd node
+    (`_StackedFactors`), for every use inside the block (a looped or ODE model applies its layer a
+    dozen times per forward).
 
     A training step changes every layer's kernels; evaluated layer by layer the series costs a few
-    hundred small operations per layer, about as much as the layer's mixing at 224x224. The discrete
-    ViT calls this once per forward, before its blocks; each layer's own forward then finds its cache
-    current and its factors made (each layer must then be applied once in that forward). Every number is
-    the same as layer by layer; layers inside torch.func transforms are left alone.
+    hundred small operations per layer, about as much as the layer's mixing at 224x224. The ViT wraps
+    its blocks in this once per forward. Every number is the same as layer by layer; layers inside
+    torch.func transforms are left alone. On leaving the block the shared factors are dropped, so no
+    later use (after a backward has freed their graph) can reach them.
     """
+    layers = list(layers)
+    _refresh(layers, H, W)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            for entry in layer._cache().values():
+                entry.pop("live", None)
+
+
+def _refresh(layers, H: int, W: int) -> None:
     groups: dict = {}
     graphed = []
     for layer in layers:
         key = layer._cache_key(H, W)
         if key is None:
             continue
-        alpha, mu, sigma = layer.gaussian_params()
         graph, tap_grad = layer._grad_needs()
         entry = layer._cache().get(key)
         if graph:
@@ -484,6 +502,7 @@ def refresh_kernels(layers, H: int, W: int) -> None:
             entry = None
         elif not _needs_taps(entry, tap_grad):
             continue
+        alpha, mu, sigma = layer.gaussian_params()
         gk = (tuple(mu.shape[1:]), mu.dtype, mu.device, tap_grad)
         groups.setdefault(gk, []).append((layer, key, entry, alpha, mu.detach(), sigma.detach()))
     for (_, dtype, _, tap_grad), todo in groups.items():
@@ -634,13 +653,15 @@ class SSoG(nn.Module):
         """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with the kernels of the cache:
         the backend chosen (for backend='auto'), kernels the dtype cannot carry refused."""
         H, W = v.shape[1], v.shape[2]
-        alpha, mu, sigma = self.gaussian_params()
         key = self._cache_key(H, W)
+        graph, tap_grad = self._grad_needs()
+        entry = self._cache().get(key) if key is not None else None
+        if not graph and entry is not None and entry["factors"] is not None and self._is_current(entry):
+            return BACKEND_PARTS[entry["backend"]][1](v, *entry["factors"])  # inference: nothing to build
+        alpha, mu, sigma = self.gaussian_params()
         if key is None:
             backend, factors = self._build_factors(H, W, alpha, mu, sigma)
             return BACKEND_PARTS[backend][1](v, *factors)
-        graph, tap_grad = self._grad_needs()
-        entry = self._cache().get(key)
         if not self._is_current(entry):
             entry = self._new_entry(key, H, W, alpha, mu, sigma)
         if _needs_taps(entry, tap_grad):
@@ -654,7 +675,7 @@ class SSoG(nn.Module):
             return apply(v, *entry["factors"])
         dlog = entry["dlog"] if tap_grad else (None, None)
         if backend == "stacked":  # training's usual path: factors from one node with a closed-form backward
-            live = entry.pop("live", None)  # made for this forward by refresh_kernels, used once
+            live = entry.get("live")  # made for this forward by prepared_kernels
             if live is None:
                 live = _StackedFactors.apply(H, W, self.alpha, self.mu, self.sigma_raw, taps, *dlog)
             return apply(v, *live)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mixers import MIXERS, make_mixer
-from ..mixers.ssog import refresh_kernels
+from ..mixers.ssog import SSoG, prepared_kernels
 
 VARIANTS = ("discrete", "looped", "ode")
 
@@ -184,16 +184,16 @@ class ViT(nn.Module):
         return self.patch_embed(images)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        if self.variant == "discrete":
-            if self.mixer_name == "ssog":  # every block's kernels from one evaluation (ssog.refresh_kernels)
-                refresh_kernels([blk.mixer for blk in self.blocks], x.shape[1], x.shape[2])
-            for blk in self.blocks:
-                x = blk(x)
-        elif self.variant == "looped":
-            for _ in range(self.config.depth):
-                x = self.blocks[0](x)
-        else:
-            x = self.flow(x)
+        # every SSoG block's kernels from one evaluation, its factors made once per forward (ssog.prepared_kernels)
+        with prepared_kernels([m for m in self.modules() if isinstance(m, SSoG)], x.shape[1], x.shape[2]):
+            if self.variant == "discrete":
+                for blk in self.blocks:
+                    x = blk(x)
+            elif self.variant == "looped":
+                for _ in range(self.config.depth):
+                    x = self.blocks[0](x)
+            else:
+                x = self.flow(x)
         return x
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
