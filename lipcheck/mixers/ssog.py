@@ -438,6 +438,10 @@ class _StackedFactors(torch.autograd.Function):
         return None, None, dalpha, dmu, dsigma_raw, None, None, None
 
 
+def _cat(ts):
+    return ts[0] if len(ts) == 1 else torch.cat(ts)
+
+
 def _needs_taps(entry: dict, tap_grad: bool) -> bool:
     return entry["taps"] is None or (tap_grad and entry["dlog"] is None)
 
@@ -447,9 +451,8 @@ def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
     evaluation of the kernel series over the concatenated parameters: the evaluation is a few hundred
     small operations whatever its size, so a dozen layers cost about what one does."""
     with torch.no_grad():
-        mus, sigmas = [m for _, m, _ in items], [s for _, _, s in items]
-        mu, sigma = (mus[0], sigmas[0]) if len(items) == 1 else (torch.cat(mus), torch.cat(sigmas))
-        out = gaussian.lattice_taps(max(H, W) - 1, mu, sigma, derivatives=tap_grad)
+        mus = [m for _, m, _ in items]
+        out = gaussian.lattice_taps(max(H, W) - 1, _cat(mus), _cat([s for _, _, s in items]), derivatives=tap_grad)
         g, dlog = (out[0], out[1:]) if tap_grad else (out, ())
         sizes = [m.shape[0] for m in mus]
         parts = [_flush(g).split(sizes), *(d.split(sizes) for d in dlog)]
@@ -457,10 +460,6 @@ def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
             entry["taps"] = parts[0][n]
             if tap_grad:
                 entry["dlog"] = (parts[1][n], parts[2][n])
-
-
-def _cat(ts):
-    return ts[0] if len(ts) == 1 else torch.cat(ts)
 
 
 @contextlib.contextmanager
