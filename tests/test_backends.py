@@ -167,3 +167,40 @@ def test_unknown_backend_is_a_clear_error():
         SSoG(8, 2, backend="nope")
     with pytest.raises(ValueError, match="tol"):
         truncation_radius(4, p[1][..., 0], p[2][..., 0], 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["stacked", "truncated", "fft"])
+def test_module_tap_floor_drops_at_most_half_the_tolerance(dtype, backend):
+    """The SSoG module keeps no tap below tap_floor (whose products with ordinary values would be subnormal)
+    and drops at most truncation_tol / 2 of each component's mass per axis (taps summed in float64 from
+    gaussian.kernel); its output stays within the truncated backend's error statement of the dense operator."""
+    g = torch.Generator().manual_seed(9)
+    alpha, mu, sigma = random_params(g, 3, 4, mu_scale=6.0, sigma_lo=0.3, sigma_hi=9.0)
+    H, W = 30, 21
+    layer = SSoG(6, 3, 4, backend=backend, dtype=dtype)
+    layer.set_gaussian_params(alpha.to(dtype), mu.to(dtype), sigma.to(dtype))
+    x = torch.randn(2, H, W, 6, dtype=dtype, generator=g)
+    with torch.no_grad():
+        out = layer(x)
+    entry = next(iter(layer._kernel_cache.values()))
+    taps = entry["taps"].double()  # (h, M, 2, 2 r + 1), offsets -r..r with r = max(H, W) - 1
+    floor = ssog.tap_floor(max(H, W), dtype)
+    assert floor == ssog.truncation_tol(dtype) / (2 * (2 * max(H, W) - 1))
+    assert bool(((taps == 0) | (taps >= floor)).all())
+    r = max(H, W) - 1
+    k = torch.arange(-r, r + 1, dtype=F64)
+    a, m64, s64 = (t.detach().double() for t in layer.gaussian_params())
+    exact = gaussian.kernel(k, m64[..., None], s64[..., None])
+    dropped = (exact * (taps == 0)).sum(-1)
+    assert float(dropped.max()) <= ssog.truncation_tol(dtype) / 2
+    assert float(dropped.max()) > 0  # the floor does cut something here
+    tol = ssog.truncation_tol(dtype) * (1.5 if backend == "truncated" else 0.5)
+    with torch.no_grad():
+        v = layer.v_proj(x).double().reshape(2, H, W, 3, 2)
+        mixed = dense_mix(v, a, m64, s64)
+        scale = (a.abs().sum(1) * (2 * tol + tol**2))[None, None, None, :, None] * v.abs().amax(dim=(1, 2), keepdim=True)
+        got = layer.mix_values(v.to(dtype)).double()
+    rounding = 64 * gaussian.unit_roundoff(dtype) * (H + W) * float(a.abs().sum(1).max()) * float(v.abs().max())
+    assert bool(((got - mixed).abs() <= scale + rounding).all())
+    assert torch.isfinite(out).all()

@@ -56,11 +56,25 @@ def _apply_matmul(v, GH, GW):
 # linear convolution by zero padding to >= 2n - 1).
 
 
-def _flush(g: torch.Tensor) -> torch.Tensor:
-    """Taps below the dtype's smallest normal number set to zero: subnormal floats slow every later
-    multiply by an order of magnitude on x86 and change nothing above 1e-308 (float64) or 1e-38
+def _flush(g: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """Taps below max(floor, the dtype's smallest normal number) set to zero: subnormal floats slow every
+    later multiply by an order of magnitude on x86 and change nothing above 1e-308 (float64) or 1e-38
     (float32) absolute."""
-    return torch.where(g < torch.finfo(g.dtype).tiny, torch.zeros((), dtype=g.dtype, device=g.device), g)
+    return torch.where(g < max(floor, torch.finfo(g.dtype).tiny), torch.zeros((), dtype=g.dtype, device=g.device), g)
+
+
+def tap_floor(n: int, dtype: torch.dtype) -> float:
+    """Smallest tap the SSoG module keeps on an axis of n <= `n` points: truncation_tol(dtype) / (2 (2n - 1)).
+
+    A tap of 1e-30 is a normal float32, but its products with ordinary activations and gradients
+    (1e-9 and below) are subnormal, and a GEMM meeting subnormal products runs several times slower
+    (measured: the 64x64 mixer's forward 1.5x, its training step 1.4x). At most 2n - 1 taps per
+    component and axis fall below the floor, so they drop at most truncation_tol / 2 of the mass: the
+    error statement of the truncated backend (eps <= tol per factor) holds with eps <= tol / 2 for the
+    dense backends and eps <= 1.5 tol for the truncated one, below the rounding of the kept sums. The
+    functional `ssog_mix` (the bounds' operator) flushes only below the smallest normal number.
+    """
+    return truncation_tol(dtype) / (2 * (2 * max(int(n), 1) - 1))
 
 
 def _taps(r: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -112,29 +126,31 @@ def _apply_stacked(v, GW, GH):
     viewed as (H M x W d), so the sum over components happens inside the GEMM's contraction. Same
     multiply-adds as "matmul", fewer and larger GEMMs.
 
-    Two layouts of the same products, chosen by what follows:
-    - no autograd: per head, straight on the strided slabs of v (no copy in; one stack out);
-    - autograd: head-major, one batched GEMM per axis over all heads (one copy in, one out). Its
-      backward is two batched GEMMs per axis instead of a dozen small ones over strided slices and the
-      stack's slicing, 1.4-2x faster for a training step on a CPU.
+    Per head, each axis is one batched GEMM whose factor is broadcast as a stride-0 view: `bmm` reads
+    it in place, where `matmul`'s broadcasting first copies the factor once per slab (as large as T:
+    12 MB per layer at 64x64, C=192) and then runs 2-4x slower. Two layouts of the same products,
+    chosen by what follows:
+    - no autograd: straight on the strided slabs of v (no copy in; one stack out);
+    - autograd: on a head-major copy (one copy in, one out), so that the backward's GEMMs read
+      contiguous slabs instead of strided slices and the stack's slicing, 1.4-2x faster for a training
+      step on a CPU.
     """
-    if torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad):
-        return _apply_stacked_heads(v.permute(3, 0, 1, 2, 4), GW, GH).permute(1, 2, 3, 0, 4)
     B, H, W, h, d = v.shape
     M = GW.shape[1] // W
-    outs = []
-    for i in range(h):
-        t = torch.matmul(GW[i], v[:, :, :, i, :].reshape(B * H, W, d))  # (B H, M W, d) = [b, k, m, j, e]
-        outs.append(torch.matmul(GH[i], t.view(B, H * M, W * d)).view(B, H, W, d))
+    if torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad):
+        vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
+        out = torch.stack([_stacked_head(vh[i], GW[i], GH[i], B) for i in range(h)])  # (h, B, H, W d)
+        return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
+    outs = [_stacked_head(v[:, :, :, i, :].reshape(B * H, W, d), GW[i], GH[i], B).view(B, H, W, d) for i in range(h)]
     return torch.stack(outs, 3)
 
 
-def _apply_stacked_heads(vh, GW, GH):
-    """The stacked products on head-major values vh (h, B, H, W, d), returning (h, B, H, W, d)."""
-    h, B, H, W, d = vh.shape
-    M = GW.shape[1] // W
-    T = torch.matmul(GW[:, None], vh.reshape(h, B * H, W, d))  # (h, B H, M W, d) = [h, b, k, m, j, e]
-    return torch.matmul(GH[:, None], T.view(h, B, H * M, W * d)).view(h, B, H, W, d)
+def _stacked_head(vs, GW, GH, B):
+    """One head: vs (B H, W, d) slabs -> (B, H, W d)."""
+    BH, W, d = vs.shape
+    H, HM = GH.shape
+    T = torch.bmm(GW.expand(BH, *GW.shape), vs)  # (B H, M W, d) = [b, k, m, j, e]
+    return torch.bmm(GH.expand(B, H, HM), T.view(B, HM, W * d))
 
 
 def truncation_tol(dtype: torch.dtype) -> float:
@@ -185,7 +201,8 @@ def _apply_truncated(v, *components):
     Per component m: a depthwise convolution along x with g_x,m, then one along y with alpha_m g_y,m,
     summed over m. The convolution's zero padding is exactly the zero padding of the Toeplitz
     factors. Error per output entry <= sum_m |alpha_m| (eps_y + eps_x + eps_y eps_x) max|v| with
-    eps <= tol (see truncation_radius): below float rounding at the default tol.
+    eps <= tol (see truncation_radius; 1.5 tol in the SSoG module, see tap_floor): below float rounding
+    at the default tol.
     """
     B, H, W, h, d = v.shape
     C = h * d
@@ -455,7 +472,7 @@ def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
         out = gaussian.lattice_taps(max(H, W) - 1, _cat(mus), _cat([s for _, _, s in items]), derivatives=tap_grad)
         g, dlog = (out[0], out[1:]) if tap_grad else (out, ())
         sizes = [m.shape[0] for m in mus]
-        parts = [_flush(g).split(sizes), *(d.split(sizes) for d in dlog)]
+        parts = [_flush(g, tap_floor(max(H, W), g.dtype)).split(sizes), *(d.split(sizes) for d in dlog)]
         for n, (entry, _, _) in enumerate(items):
             entry["taps"] = parts[0][n]
             if tap_grad:
