@@ -26,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from ..mixers.ssog import truncation_tol
 from ..rounding import cholesky_certifies as _cholesky_certifies  # noqa: F401
 from ..rounding import gamma, norm2_upper, unit_roundoff, verified_lambda_max  # noqa: F401
 
@@ -161,9 +162,13 @@ def rounding_bounds(k: FieldConstants, y: torch.Tensor, v: float) -> tuple[torch
     rho1 = k.rho1 if math.isfinite(k.rho1) else float(y.norm(dim=-1).max())
     rho2 = k.rho2 if math.isfinite(k.rho2) else float(y.norm(dim=-1).max())
     mag = math.sqrt(k.N) * (k.T_abs * rho1 + k.W2_abs * k.gelu1 * k.W1_abs * rho2 + k.bias_norm)
-    eps_F = gK * (2 + amp) * mag * 4
+    # The SSoG module drops taps below ssog.tap_floor: each axis factor loses at most e = truncation_tol / 2
+    # of its mass, so the mixing it applies is within (2 e + e^2) || |T| || of T (proofs/S5.md, Lemma 4).
+    e = truncation_tol(y.dtype) / 2
+    dropped = (2 * e + e * e) * k.T_abs
+    eps_F = gK * (2 + amp) * mag * 4 + dropped * math.sqrt(k.N) * rho1
     lin = k.T_abs * k.ln_jacobian(1, v) + k.W2_abs * k.gelu1 * k.W1_abs * k.ln_jacobian(2, v)
-    eps_J = gK * (2 + float(amp.max())) * lin * 8
+    eps_J = gK * (2 + float(amp.max())) * lin * 8 + dropped * k.ln_jacobian(1, v)
     return eps_F, eps_J
 
 
