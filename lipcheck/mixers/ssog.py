@@ -649,10 +649,12 @@ class SSoG(nn.Module):
     # from, and served only while the parameters still hold exactly those values (torch.equal on
     # 5 h M numbers). Version counters alone would miss writes through `.data` (which gradcheck and
     # older optimiser code use); the values see every change: optimizer steps, copy_ under no_grad,
-    # set_gaussian_params, load_state_dict, .to(). Nothing cached carries an autograd graph: where
-    # the kernel parameters need gradients, each forward assembles the factors from the cached taps
-    # through `_TapGrad`, whose backward is the kernel's derivative in closed form (so no cached
-    # tensor is tied to a graph that a backward pass has already freed).
+    # set_gaussian_params, load_state_dict, .to(). The taps (flushed below `tap_floor`) and, for
+    # training, their log-derivatives are cached; nothing cached carries an autograd graph. Where the
+    # kernel parameters need gradients, each forward (or, inside `prepared_kernels`, each model
+    # forward) builds the factors from the cached taps through `_StackedFactors` or `_TapGrad`, whose
+    # backward is the kernel's derivative in closed form (so no cached tensor is tied to a graph that a
+    # backward pass has already freed).
 
     def _cache_key(self, H: int, W: int):
         ps = (self.alpha, self.mu, self.sigma_raw)
