@@ -139,7 +139,8 @@ def _apply_stacked(v, GW, GH):
     M = GW.shape[1] // W
     if torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad):
         vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
-        out = torch.stack([_stacked_head(vh[i], GW[i], GH[i], B) for i in range(h)])  # (h, B, H, W d)
+        # unbind: one autograd node per tensor for all heads (indexing would add a zero-filled copy per head)
+        out = torch.stack([_stacked_head(a, g, k, B) for a, g, k in zip(vh.unbind(0), GW.unbind(0), GH.unbind(0))])
         return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
     outs = [_stacked_head(v[:, :, :, i, :].reshape(B * H, W, d), GW[i], GH[i], B).view(B, H, W, d) for i in range(h)]
     return torch.stack(outs, 3)
