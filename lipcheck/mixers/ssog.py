@@ -384,13 +384,27 @@ class _TapGrad(torch.autograd.Function):
         need = ctx.needs_input_grad[:2]
         if torch.is_grad_enabled():  # create_graph: keep the path to the parameters themselves
             r = (taps.shape[-1] - 1) // 2
-            wanted = [t for t, n in zip((mu, sigma_raw), need) if n]
-            got = iter(torch.autograd.grad(_taps(r, mu, _effective_sigma(sigma_raw)), wanted, grad,
-                                           create_graph=True, allow_unused=True))
-            return (*(next(got) if n else None for n in need), None, None, None)
-        w = grad * taps  # flushed taps are zero: no gradient through them
-        return ((w * d_mu).sum(-1) if need[0] else None,
-                (w * d_sigma).sum(-1) * torch.sigmoid(sigma_raw) if need[1] else None, None, None, None)
+            return (*_autograd_of([_taps(r, mu, _effective_sigma(sigma_raw))], [grad], (mu, sigma_raw), need),
+                    None, None, None)
+        return (*_taps_vjp(grad, taps, d_mu, d_sigma, sigma_raw, need), None, None, None)
+
+
+def _taps_vjp(grad, taps, d_mu, d_sigma, sigma_raw, need):
+    """(grad mu, grad sigma_raw) from a gradient on the cached taps: d g = g d log g with the log-derivatives
+    cached beside the taps (gaussian.lattice_taps), and d sigma / d sigma_raw = sigmoid(sigma_raw). Flushed
+    taps are zero, so no gradient flows through them."""
+    w = grad * taps
+    return ((w * d_mu).sum(-1) if need[0] else None,
+            (w * d_sigma).sum(-1) * torch.sigmoid(sigma_raw) if need[1] else None)
+
+
+def _autograd_of(outs, grads, inputs, need):
+    """Gradients of the plain differentiable composition `outs` (a double backward's path), None where not needed."""
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    wanted = [t for t, n in zip(inputs, need) if n]
+    got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                   create_graph=True, allow_unused=True))
+    return tuple(next(got) if n else None for n in need)
 
 
 def _diagonal_sums(G: torch.Tensor) -> torch.Tensor:
@@ -420,7 +434,7 @@ class _StackedFactors(torch.autograd.Function):
     the taps (sums along diagonals, the adjoint of building a Toeplitz matrix), then onto alpha and,
     through the taps' log-derivatives (as in _TapGrad), onto mu and sigma_raw. Differentiated piece by
     piece the same assembly is a dozen small autograd nodes per layer (slices, gathers, a permuted
-    copy, scatter-adds); here it is one node for all layers of a model (`refresh_kernels`). A double
+    copy, scatter-adds); here it is one node for all layers of a model (`prepared_kernels`). A double
     backward (create_graph) differentiates the plain composition instead."""
 
     @staticmethod
@@ -434,13 +448,9 @@ class _StackedFactors(torch.autograd.Function):
         alpha, mu, sigma_raw, taps, d_mu, d_sigma = ctx.saved_tensors
         (H, W), need = ctx.grid, ctx.needs_input_grad[2:5]
         if torch.is_grad_enabled():  # create_graph: keep the path to the parameters themselves
-            wanted = [t for t, n in zip((alpha, mu, sigma_raw), need) if n]
             sigma = _effective_sigma(sigma_raw)
             outs = _prepare_stacked(H, W, alpha, mu, sigma, *_axis_taps(H, W, mu, sigma))
-            pairs = [(o, g) for o, g in zip(outs, (dGW, dGH)) if g is not None]
-            got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                           create_graph=True, allow_unused=True))
-            return (None, None, *(next(got) if n else None for n in need), None, None, None)
+            return (None, None, *_autograd_of(outs, (dGW, dGH), (alpha, mu, sigma_raw), need), None, None, None)
         n, M = alpha.shape
         dGW = torch.zeros(n, M * W, W, dtype=taps.dtype, device=taps.device) if dGW is None else dGW
         dGH = torch.zeros(n, H, H * M, dtype=taps.dtype, device=taps.device) if dGH is None else dGH
@@ -450,9 +460,8 @@ class _StackedFactors(torch.autograd.Function):
         if need[0]:
             dalpha = (dty_alpha * _split_taps(H, W, taps)[0]).sum(-1)
         if need[1] or need[2]:
-            w = _grad_taps(taps, dty_alpha * alpha[..., None], dtx) * taps  # flushed taps: no gradient
-            dmu = (w * d_mu).sum(-1) if need[1] else None
-            dsigma_raw = (w * d_sigma).sum(-1) * torch.sigmoid(sigma_raw) if need[2] else None
+            dmu, dsigma_raw = _taps_vjp(_grad_taps(taps, dty_alpha * alpha[..., None], dtx), taps, d_mu, d_sigma,
+                                        sigma_raw, need[1:])
         return None, None, dalpha, dmu, dsigma_raw, None, None, None
 
 
