@@ -46,13 +46,18 @@ def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
     ref = dense_mix(v, alpha, mu, sigma)
     ref_grads = grads(dense_mix, v, alpha, mu, sigma, R)
     scale = max(1.0, float(ref.abs().max()))
-    for name in BACKENDS:
-        fn = lambda *a, name=name: ssog_mix(*a, backend=name)
-        out = fn(v, alpha, mu, sigma)
-        assert out.shape == ref.shape
-        assert (out - ref).abs().max() <= TOL * scale, name
-        for which, gb, gr in zip(("x", "alpha", "mu", "sigma"), grads(fn, v, alpha, mu, sigma, R), ref_grads):
-            assert (gb - gr).abs().max() <= TOL * max(1.0, float(gr.abs().max())), (name, which)
+    fuse = ssog.FUSE_HEADS_TOKENS
+    try:
+        for name, fuse_tokens in [(n, fuse) for n in BACKENDS] + [("stacked", 0), ("stacked", 10**9)]:
+            ssog.FUSE_HEADS_TOKENS = fuse_tokens  # the stacked backend per head and with all heads in one call
+            fn = lambda *a, name=name: ssog_mix(*a, backend=name)
+            out = fn(v, alpha, mu, sigma)
+            assert out.shape == ref.shape
+            assert (out - ref).abs().max() <= TOL * scale, (name, fuse_tokens)
+            for which, gb, gr in zip(("x", "alpha", "mu", "sigma"), grads(fn, v, alpha, mu, sigma, R), ref_grads):
+                assert (gb - gr).abs().max() <= TOL * max(1.0, float(gr.abs().max())), (name, which, fuse_tokens)
+    finally:
+        ssog.FUSE_HEADS_TOKENS = fuse
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

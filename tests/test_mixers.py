@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from lipcheck import DenseAttention, SSoG
+from lipcheck.mixers import ssog
 from lipcheck.mixers.ssog import ssog_mix
 from lipcheck.models.vit import Block
 
@@ -217,11 +218,15 @@ def test_cache_never_skips_the_representability_check():
         layer.set_gaussian_params(sigma=torch.full((2, 1, 2), 2e-3, dtype=torch.float16))
 
 
-@pytest.mark.parametrize("backend", ["matmul", "stacked", "truncated", "fft"])
+@pytest.mark.parametrize("backend", ["matmul", "stacked", "stacked per head", "truncated", "fft"])
 @pytest.mark.parametrize("trainable", ["all", "alpha", "mu", "sigma_raw"])
-def test_cached_kernel_gradients_equal_the_dense_definition(backend, trainable):
+def test_cached_kernel_gradients_equal_the_dense_definition(backend, trainable, monkeypatch):
     """Two forwards sharing the cached factors, then separate backward passes: the parameter gradients
-    equal those of the dense reference built afresh from the parameters, whichever kernel parameters train."""
+    equal those of the dense reference built afresh from the parameters, whichever kernel parameters train.
+    The stacked backend runs both of its layouts: all heads in one call (small problems) and per head."""
+    if backend == "stacked per head":
+        monkeypatch.setattr(ssog, "FUSE_HEADS_TOKENS", 0)
+        backend = "stacked"
     layer = random_ssog(6, 3, 2, seed=13)
     layer.backend = backend
     ref_layer = random_ssog(6, 3, 2, seed=13)
@@ -241,8 +246,11 @@ def test_cached_kernel_gradients_equal_the_dense_definition(backend, trainable):
             assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-11), n
 
 
-@pytest.mark.parametrize("backend", ["matmul", "stacked"])
-def test_cached_kernel_double_backward_matches_the_dense_definition(backend):
+@pytest.mark.parametrize("backend", ["matmul", "stacked", "stacked per head"])
+def test_cached_kernel_double_backward_matches_the_dense_definition(backend, monkeypatch):
+    if backend == "stacked per head":
+        monkeypatch.setattr(ssog, "FUSE_HEADS_TOKENS", 0)
+        backend = "stacked"
     layer = random_ssog(4, 2, 2, seed=21)
     layer.backend = backend
     ref_layer = random_ssog(4, 2, 2, seed=21)
@@ -275,23 +283,37 @@ def test_gradcheck_through_the_cached_module(backend):
 
 
 def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch):
-    """With recorded times the policy picks the faster thread count and tries the other one every
-    probe_every calls; with one thread available it never changes anything."""
+    """With recorded times the policy picks the faster thread count and runs `burst` calls of the other one
+    every probe_every calls; the first call after a change of thread count is never timed; with one thread
+    available it never changes anything."""
     from lipcheck.mixers.ssog import ThreadPolicy
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    pol = ThreadPolicy(probe_every=5)
+    pol = ThreadPolicy(probe_every=5, burst=2)
     key = ("grid",)
-    assert pol.choose(key) == 4  # a warm-up call at torch's count: its time is not kept
-    pol.record(key, 4, 0.01)
-    assert pol.choose(key) == 4  # then torch's count, timed
-    pol.record(key, 4, 0.9)
-    assert pol.choose(key) == 1  # then one thread, untimed
-    pol.record(key, 1, 0.3)
-    picks = [pol.choose(key) for _ in range(10)]
-    assert picks.count(1) == 8 and picks.count(4) == 2  # the faster (one thread), probing 4 every 5th call
-    for _ in range(6):  # the machine gets quiet: 4 threads become faster
-        pol.record(key, 4, 0.05)
-    assert [pol.choose(key) for _ in range(4)].count(4) >= 3
+
+    def call(seconds_at):  # one forward: choose, then record the time the setting takes
+        k = pol.choose(key)
+        pol.record(key, k, seconds_at[k])
+        return k
+
+    assert pol.choose(key) == 4  # the first call at torch's count: untimed
+    pol.record(key, 4, 100.0)
+    assert pol.stats[key, 4][4] is None
+    assert call({4: 0.9, 1: 0.3}) == 4  # timed
+    assert pol.stats[key, 4][4] == 0.9
+    assert pol.choose(key) == 1  # a switch to one thread: untimed, however slow
+    pol.record(key, 1, 50.0)
+    assert pol.stats[key, 4][1] is None
+    assert call({4: 0.9, 1: 0.3}) == 1
+    assert pol.stats[key, 4][1] == 0.3
+    picks = [call({4: 0.9, 1: 0.3}) for _ in range(10)]  # calls 5..14: bursts of 4 at calls 5, 6 and 10, 11
+    assert picks == [4, 4, 1, 1, 1, 4, 4, 1, 1, 1]
+    assert pol.stats[key, 4][4] == 0.9  # each burst's first call untimed, its second timed at 0.9
+    # the machine gets quiet: 4 threads become faster than one; two bursts (one timed call each) suffice
+    later = [call({4: 0.05, 1: 0.3}) for _ in range(10)]
+    assert later[-3:] == [4, 4, 4] and pol.stats[key, 4][4] < 0.3
+    with pytest.raises(ValueError, match="burst"):
+        ThreadPolicy(probe_every=3, burst=3)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert ThreadPolicy().choose(key) == 1
 

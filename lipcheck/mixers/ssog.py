@@ -22,6 +22,9 @@ from .. import gaussian
 
 SIGMA_FLOOR = 1e-3  # sigma = softplus(raw) + floor keeps every width strictly positive
 CHOICE_REFRESH = 32  # builds of one grid's factors between two evaluations of the backend cost model
+# The stacked backend runs all heads in one GEMM call per axis when a call holds at most this many tokens
+# (batch x grid): 14 x 14 and 16 x 16 at batch 1 (measured on 2 CPU cores, see _stacked_all_heads).
+FUSE_HEADS_TOKENS = 400
 
 
 def _check_grid(x: torch.Tensor, num_heads: int) -> None:
@@ -137,6 +140,8 @@ def _apply_stacked(v, GW, GH):
     """
     B, H, W, h, d = v.shape
     M = GW.shape[1] // W
+    if B * H * W <= FUSE_HEADS_TOKENS:
+        return _stacked_all_heads(v, GW, GH)
     if torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad):
         vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
         # unbind: one autograd node per tensor for all heads (indexing would add a zero-filled copy per head)
@@ -144,6 +149,19 @@ def _apply_stacked(v, GW, GH):
         return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
     outs = [_stacked_head(v[:, :, :, i, :].reshape(B * H, W, d), GW[i], GH[i], B).view(B, H, W, d) for i in range(h)]
     return torch.stack(outs, 3)
+
+
+def _stacked_all_heads(v, GW, GH):
+    """Both axis products of every head in one batched GEMM each, the factors repeated per slab: on a
+    small problem (batch 1 at 14 x 14 tokens) the per-head calls are too small to keep two threads busy
+    (measured: 0.12 ms per C=192 layer with one thread or two, 0.07 ms fused); on larger ones the
+    repeated factors cost more memory traffic than the calls save."""
+    B, H, W, h, d = v.shape
+    HM = GH.shape[2]
+    vh = v.permute(3, 0, 1, 2, 4).reshape(h * B * H, W, d)
+    T = torch.bmm(GW.repeat_interleave(B * H, 0), vh)  # (h B H, M W, d) = [h, b, k, m, j, e]
+    out = torch.bmm(GH.repeat_interleave(B, 0) if B > 1 else GH, T.view(h * B, HM, W * d))  # (h B, H, W d)
+    return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
 
 
 def _stacked_head(vs, GW, GH, B):
@@ -322,40 +340,44 @@ def _functorch_active() -> bool:
 class ThreadPolicy:
     """Thread count for one SSoG call on a CPU, chosen by measurement: torch's count or one thread.
 
-    A call is a dozen parallel regions or more (the projections, two axis products per head). On a machine whose other
+    A call is a handful of parallel regions (the projections, the axis products). On a machine whose other
     cores are busy, every region waits for its slowest thread, which the scheduler may have parked
     for a whole time slice: more threads can then be many times slower than one. The policy times
-    the mixing under both settings (one call each at first, after one untimed warm-up call at torch's
-    count that pays for first-touch allocations; then one probe call of the other setting every
-    `probe_every` calls), keeps an exponential average per grid and uses the faster. On a quiet
-    machine it settles on torch's count; under load on one thread. The result is the same number
-    either way: only the thread count changes.
+    the mixing under both settings and uses the faster; every `probe_every` calls it runs `burst` calls
+    of the other setting. The first call after any change of the thread count is never timed: it wakes
+    the parked threads (or parks them) and meets cold caches, tens of microseconds that once made a
+    0.2 ms call look slower at two threads than at one, so that a probe of torch's count after a stretch
+    of one-thread calls never won it back. Each setting's time is an exponential average (weight `decay`
+    on the old value) per grid. On a quiet machine it settles on torch's count; under load on one thread.
+    The result is the same number either way: only the thread count changes.
     """
 
-    def __init__(self, probe_every: int = 16, decay: float = 0.5):
-        self.probe_every, self.decay = probe_every, decay
+    def __init__(self, probe_every: int = 32, burst: int = 3, decay: float = 0.5):
+        if not 2 <= burst < probe_every:
+            raise ValueError(f"need 2 <= burst < probe_every, got burst={burst}, probe_every={probe_every}")
+        self.probe_every, self.burst, self.decay = probe_every, burst, decay
         self.stats: dict = {}
 
     def choose(self, key) -> int:
         n = torch.get_num_threads()
         if n <= 1:
             return n
-        st = self.stats.setdefault((key, n), {"calls": 0, "warm": False, n: None, 1: None})
+        st = self.stats.setdefault((key, n), {"calls": 0, "last": None, n: None, 1: None})
         st["calls"] += 1
         if st[n] is None:
             return n
         if st[1] is None:
             return 1
         best = n if st[n] <= st[1] else 1
-        return (1 if best == n else n) if st["calls"] % self.probe_every == 0 else best
+        return (1 if best == n else n) if st["calls"] % self.probe_every < self.burst else best
 
     def record(self, key, threads: int, seconds: float) -> None:
         n = torch.get_num_threads() if threads == 1 else threads
         st = self.stats.get((key, n))
         if st is None:
             return
-        if not st["warm"]:  # the first call of a key is a warm-up: its time says little about either setting
-            st["warm"] = True
+        switched, st["last"] = st["last"] != threads, threads
+        if switched:  # the first call at a thread count (of the key, or after a change): not representative
             return
         old = st[threads]
         st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
