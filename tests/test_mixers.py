@@ -348,3 +348,25 @@ def test_torch_func_transforms_through_the_module():
     assert torch.allclose(jv, expect, rtol=0, atol=1e-12 * (1 + float(expect.abs().max())))
     J = torch.func.jacrev(layer)(x).reshape(x.numel(), x.numel())
     assert torch.allclose(J @ v.reshape(-1), expect.reshape(-1), rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_cached_factors_serve_every_batch_size(mode):
+    """The cached inference factors (with the per-batch repetitions the fused-head layout keeps) give the dense
+    definition at batch sizes 1, 3, 2, 3 in turn, and after a parameter change the new kernels."""
+    layer = random_ssog(6, 3, 2, seed=31)
+    layer.backend = "stacked"
+    g = torch.Generator().manual_seed(5)
+    ctx = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    for B in (1, 3, 2, 3):
+        x = torch.randn(B, 4, 5, 6, dtype=D, generator=g)
+        with ctx():
+            out = layer(x)
+        ref = dense_reference(layer, x)
+        assert torch.allclose(out, ref.detach(), rtol=0, atol=1e-12 * (1 + float(ref.abs().max()))), B
+    with torch.no_grad():
+        layer.alpha.mul_(-0.5)
+    with ctx():
+        out = layer(x)
+    ref = dense_reference(layer, x).detach()
+    assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.abs().max())))

@@ -159,9 +159,23 @@ def _stacked_all_heads(v, GW, GH):
     B, H, W, h, d = v.shape
     HM = GH.shape[2]
     vh = v.permute(3, 0, 1, 2, 4).reshape(h * B * H, W, d)
-    T = torch.bmm(GW.repeat_interleave(B * H, 0), vh)  # (h B H, M W, d) = [h, b, k, m, j, e]
-    out = torch.bmm(GH.repeat_interleave(B, 0) if B > 1 else GH, T.view(h * B, HM, W * d))  # (h B, H, W d)
+    T = torch.bmm(_repeated(GW, B * H), vh)  # (h B H, M W, d) = [h, b, k, m, j, e]
+    out = torch.bmm(_repeated(GH, B), T.view(h * B, HM, W * d))  # (h B, H, W d)
     return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
+
+
+def _repeated(G: torch.Tensor, r: int) -> torch.Tensor:
+    """G (h, a, b) with every head's matrix repeated r times, (h r, a, b). Factors without a graph (the module's
+    cached inference factors) keep their repetitions on the tensor object, so a forward does not copy them again."""
+    if r == 1:
+        return G
+    if G.requires_grad:
+        return G.repeat_interleave(r, 0)
+    memo = G.__dict__.setdefault("_lipcheck_repeated", {})
+    if r not in memo:
+        memo.clear()  # one batch size at a time
+        memo[r] = G.repeat_interleave(r, 0)
+    return memo[r]
 
 
 def _stacked_head(vs, GW, GH, B):
