@@ -50,6 +50,13 @@ def _finite(x: float, what: str) -> float:
     return x
 
 
+def require_finite(q: "SSoGParams", what: str) -> None:
+    """NaN/inf in any of the numbers a bound reads: refuse, naming the parameter."""
+    for name, t in (("alpha", q.alpha), ("mu", q.mu), ("sigma", q.sigma), ("W_V", q.WV), ("W_O", q.WO)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} has NaN/inf entries: the {what} is not certified; fix the layer")
+
+
 def _scale_back(v: float, e: int, *, up: bool) -> float:
     """v 2^e, rounded outward (up for an upper bound, down for a lower one) where it leaves the normal range."""
     if math.isnan(v) or (math.isinf(v) and not up):

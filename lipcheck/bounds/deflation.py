@@ -1,0 +1,326 @@
+"""Deflated majorant: a certified upper bound on ||T||_2 that keeps the symbol's phases where the norm lives
+(proofs/S2.md, 'Deflated majorant').
+
+The Toeplitz majorant (lipcheck.bounds.majorant) bounds |<Y, T X>| by (2 pi)^-2 int s(w) |y^(w)| |x^(w)| dw with
+s >= ||S(w)||, and then, channel by channel, by x_c^T T_N(s) x_c. It drops the phases of S, which costs 5-20 % for
+shifted signed kernels on small grids. Its per-channel form deflates: for X whose every channel is orthogonal to
+the span of Q (N x k, the top eigenvectors of T_N(s)), sum_c x_c^T T_N(s) x_c <= delta ||X||^2 with delta >=
+lambda_max of T_N(s) on span(Q)^perp. So, with U = span(Q) (x) R^C and Pi its orthogonal projector,
+
+    ||Pi^perp T Pi^perp|| <= delta,
+
+and the rest of T is computed exactly on U, where it has k C dimensions: A = Pi T Pi, the leakages Pi^perp T Pi
+(Gram GC) and Pi T Pi^perp (Gram GB), all of the form sum_h (k x k) kron (C x C) from K_h Q and P_h. For x = a + b
+(a in U, b in U^perp), ||T x||^2 <= ||A a + B b||^2 + (||Cm a|| + delta ||b||)^2, and for any eps, xi > 0
+
+    ||T||^2 <= tau  if  tau >= lambda_max(G_B) + (1 + 1/eps) delta^2 + 1/xi  and
+                       tau I - (A^T A + (1 + eps) GC + xi A^T W A) is positive definite, W >= GB (any W >= GB + rho I).
+
+The phases inside U are kept exactly; what is lost is second order in the leakage, so with k = 10-20 token functions
+the bound is within 1e-3 of ||T|| where the majorant is 5-20 % above it. Every matrix is formed in float64 with an
+error bound in spectral norm (`_Approx`), the definiteness checked by a floating-point Cholesky factorisation with
+Rump's shift (rounding.cholesky_certifies), and Q's departure from orthonormality is part of the error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import torch
+
+from .. import gaussian, rounding
+from . import majorant as mj
+from . import spectral as sp
+
+
+@dataclasses.dataclass
+class DeflationBound:
+    """upper >= ||T||_2 (certified); estimate: the bound's value before margins (sqrt of the best tau found
+    numerically); k: token functions in U; delta: certified lambda_max of T_N(s_up) on span(Q)^perp (p's units);
+    eps, xi: the splitting parameters; seconds; margin: rounding allowances added (p's units); info: details."""
+    upper: float
+    estimate: float
+    k: int
+    delta: float
+    eps: float
+    xi: float
+    seconds: float
+    margin: float
+    info: dict
+
+
+@dataclasses.dataclass
+class _Approx:
+    """A matrix as computed (val) and a bound err >= ||val - exact||_2 on the exact matrix it stands for."""
+    val: torch.Tensor
+    err: float
+
+    @property
+    def fro(self) -> float:
+        """||val||_F rounded up (a bound on ||val||_2)."""
+        return float(self.val.square().sum().sqrt()) * (1 + rounding.gamma(self.val.numel() + 4))
+
+    @property
+    def norm(self) -> float:
+        """A bound on the spectral norm of the exact matrix."""
+        return self.fro + self.err
+
+
+def _up(x: float) -> float:
+    """x rounded up generously (the error bounds are sums of a few float terms)."""
+    return x * (1 + 1e-12) + 1e-300
+
+
+def _mm(X: _Approx, Y: _Approx, *, tX: bool = False, tY: bool = False) -> _Approx:
+    """fl(X Y) (X or Y transposed when asked): ||fl(XY) - X Y|| <= ||X|| e_Y + ||Y|| e_X + e_X e_Y + gamma_n ||X^||_F ||Y^||_F
+    (entrywise |fl(x.y) - x.y| <= gamma_n |x|.|y|, and || |X^| |Y^| || <= ||X^||_F ||Y^||_F)."""
+    a = X.val.T if tX else X.val
+    b = Y.val.T if tY else Y.val
+    n = a.shape[-1]
+    err = X.norm * Y.err + Y.norm * X.err + X.err * Y.err + rounding.gamma(n + 2) * X.fro * Y.fro
+    return _Approx(a @ b, _up(err))
+
+
+def _sub(X: _Approx, Y: _Approx) -> _Approx:
+    """fl(X - Y): one rounding per entry, <= u ||fl(X - Y)||_F / (1 - u)."""
+    d = X.val - Y.val
+    u = rounding.unit_roundoff(d.dtype)
+    out = _Approx(d, 0.0)
+    return _Approx(d, _up(X.err + Y.err + 2 * u * out.fro))
+
+
+def _kron_sum(L: list[_Approx], P: list[_Approx], transpose_P: bool) -> _Approx:
+    """sum_j L_j kron P_j' as a (k C) x (k C) matrix with rows (i, c), columns (j, d): entry sum_j L_j[i, j] P'_j[c, d],
+    P' = P_j^T when transpose_P. Error: the factors' errors (||X kron Y|| = ||X|| ||Y||) and the sum of J products
+    per entry (gamma_{J+2} sum_j ||L_j||_F ||P_j||_F)."""
+    k, C = L[0].val.shape[0], P[0].val.shape[0]
+    Ls = torch.stack([x.val for x in L])
+    Ps = torch.stack([x.val for x in P])
+    if transpose_P:
+        Ps = Ps.transpose(1, 2)
+    val = torch.einsum("jab,jcd->acbd", Ls, Ps).reshape(k * C, k * C)
+    err = sum(a.norm * b.err + b.norm * a.err + a.err * b.err for a, b in zip(L, P))
+    err += rounding.gamma(len(L) + 2) * sum(a.fro * b.fro for a, b in zip(L, P))
+    return _Approx(val, _up(err))
+
+
+def _sym(X: _Approx) -> _Approx:
+    """(X + X^T) / 2, exactly symmetric in floating point; it is as close to the (symmetric) exact matrix as X is,
+    plus one rounding."""
+    S = (X.val + X.val.T) / 2
+    return _Approx(S, _up(X.err + 2 * rounding.unit_roundoff(S.dtype) * X.fro))
+
+
+def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget: float = 20.0,
+                      max_rounds: int = 200):
+    """(T_N(s_up) as stored (N x N), bound on its distance to the exact T_N(s_up), the majorant's result) for a
+    certified even envelope s_up >= ||S(w)|| from lipcheck.bounds.majorant, in normalised(p)'s units, refined where
+    the (k + 1)-th eigenvector of T_N(s_up) lives: what matters is delta, T_N(s_up) below its top k eigenvalues (the
+    top of T is handled exactly on U)."""
+    mb = mj.toeplitz_majorant(p, H, W, rtol=1e-2, time_budget=time_budget, max_rounds=max_rounds, target=k)
+    cells = mb.info["cells"]
+    t, t_err = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
+    sp._no_nan(t, "envelope Fourier coefficients")
+    TN = mj.dense_toeplitz(t, H, W)
+    # ||E||_2 <= the largest row sum of |entry errors| <= (2H - 1)(2W - 1) max error
+    return TN, _up((2 * H - 1) * (2 * W - 1) * t_err * (1 + rounding.gamma(4))), mb
+
+
+def top_eigenvectors(TN: torch.Tensor, k: int):
+    """(eigenvalues descending (k + 1,), Q (N, k) with orthonormal columns up to rounding): the top of T_N(s_up)."""
+    N = TN.shape[0]
+    with sp.single_thread():
+        if N <= 2048:
+            ev, V = torch.linalg.eigh(TN)
+            ev, V = ev.flip(0)[:k + 1], V.flip(1)[:, :k]
+        else:
+            import numpy as np
+            from scipy.sparse.linalg import eigsh
+            w, V = eigsh(TN.cpu().numpy(), k=k + 1, which="LA", v0=np.ones(N))
+            order = np.argsort(w)[::-1]
+            ev = torch.as_tensor(w[order].copy(), dtype=TN.dtype)
+            V = torch.as_tensor(V[:, order[:k]].copy(), dtype=TN.dtype)
+        Q = torch.linalg.qr(V)[0]
+    return ev, Q
+
+
+def orthonormality_defect(Q: torch.Tensor) -> float:
+    """eta >= ||Q^T Q - I||_2 (fl(Q^T Q) errs by <= gamma_{N+2} ||Q||_F^2 in norm). Then the exactly orthonormal
+    basis Qbar = Q (Q^T Q)^(-1/2) of span(Q) has ||Q - Qbar||_2 <= eta (|sqrt(1 + x) - 1| <= |x|)."""
+    N, k = Q.shape
+    G = Q.T @ Q - torch.eye(k, dtype=Q.dtype, device=Q.device)
+    fq = float(Q.square().sum()) * (1 + rounding.gamma(N * k + 2))
+    eta = float(G.square().sum().sqrt()) * (1 + rounding.gamma(k * k + 4)) + rounding.gamma(N + 4) * fq
+    if not eta < 0.25:
+        raise ValueError(f"deflation basis far from orthonormal (||Q^T Q - I|| <= {eta:.3g}): not certified")
+    return _up(eta)
+
+
+def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float, c: float) -> float:
+    """delta >= lambda_max of the exact T_N(s_up) on span(Q)^perp: Cholesky of delta I - fl(T_N - c Q Q^T) (c >= 0),
+    since x^T (T_N - c Q Q^T) x = x^T T_N x for x orthogonal to Q. Allowances: the stored T_N (tn_err), fl(c Q Q^T)
+    (gamma_{k+2} c ||Q||_F^2) and the subtraction (u ||fl(.)||_F, doubled)."""
+    u = rounding.unit_roundoff(TN.dtype)
+    N, k = Q.shape
+    Y = (c * Q) @ Q.T
+    S = TN - Y
+    S = (S + S.T) / 2
+    fq = float(Q.square().sum()) * (1 + rounding.gamma(N * k + 2))
+    extra = tn_err + rounding.gamma(k + 3) * c * fq + 3 * u * float(S.square().sum().sqrt())
+    # ||T_N||_F >= lambda_max(T_N - c Q Q^T) for c >= 0: the last pad passes unless the factorisation meets NaN/inf
+    scale = max(abs(guess), float(TN.square().sum().sqrt()), torch.finfo(TN.dtype).tiny)
+    for pad in (1e-9, 1e-7, 1e-5, 1e-3, 1e-2, 1e-1, 1.1):
+        mu = torch.tensor(guess + pad * scale, dtype=TN.dtype)
+        with sp.single_thread():
+            ok, mu_up = rounding.cholesky_certifies(S.clone(), mu, u)
+        if bool(ok):
+            return _up(float(mu_up) + extra)
+    raise ValueError("the deflated envelope's Cholesky certificate failed at every pad: not certified")
+
+
+def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+    """Per head, as _Approx of exact quantities for the orthonormal Qbar (span(Q)): K_h Q, L_h = Q^T K_h Q,
+    Z_h = (I - Q Q^T) K_h Q and the same for K_h^T. K_h q for a token function q (H x W) is sum_m alpha G_H q G_W^T
+    from the taps of gaussian.axis_matrix; its error: taps (relative e, or <= tiny where flushed, so
+    ||G^ - G||_2 <= e + (2n - 1) tiny), the sums (gamma_{H+W+M+4}), ||K_h||_2 <= kappa_h = sum_m |alpha|; and
+    ||K_h Q - K_h Qbar|| <= kappa_h eta."""
+    N, k = Q.shape
+    dt = q.WV.dtype
+    M = q.alpha.shape[1]
+    tiny = torch.finfo(dt).smallest_normal
+    e = sp.tap_error(q)  # (h, M, 2)
+    ey = e[..., 0] + (2 * H - 1) * tiny
+    ex = e[..., 1] + (2 * W - 1) * tiny
+    GH = gaussian.axis_matrix(H, q.mu[..., 0], q.sigma[..., 0]) * q.alpha[..., None, None]  # (h, M, H, H)
+    GW = gaussian.axis_matrix(W, q.mu[..., 1], q.sigma[..., 1])
+    Qr = Q.T.reshape(k, H, W)
+    kappa = q.alpha.abs().sum(1) * (1 + rounding.gamma(M + 2))
+    fq = float(Q.square().sum().sqrt()) * (1 + rounding.gamma(N * k + 2))
+    out = []
+    for h in range(q.num_heads):
+        rel = float((q.alpha[h].abs() * (ey[h] + ex[h] + ey[h] * ex[h])).sum()) / max(float(kappa[h]), tiny) \
+            + rounding.gamma(H + W + M + 4) * (1 + float(ey[h].max())) * (1 + float(ex[h].max()))
+        blocks = {}
+        for name, gh, gw in (("K", GH[h], GW[h]), ("Kt", GH[h].transpose(-1, -2), GW[h].transpose(-1, -2))):
+            KQ = torch.einsum("mab,kbc,mdc->adkm", gh, Qr, gw).sum(-1).reshape(N, k)
+            kq = _Approx(KQ, _up(float(kappa[h]) * (rel * fq * (1 + 4 * eta) + eta)))
+            Qa = _Approx(Q, eta)
+            L = _mm(Qa, kq, tX=True)
+            Z = _sub(kq, _mm(Qa, L))
+            blocks[name] = (L, Z)
+        out.append(blocks)
+    return out, kappa
+
+
+def head_projections(q: sp.SSoGParams) -> list[_Approx]:
+    """P_h = W_V,h W_O,h formed in the dtype: entrywise error <= gamma_{d+2} |W_V,h| |W_O,h|, in norm <= gamma_{d+2} F_h."""
+    P = q.head_projections()
+    F = q.head_frobenius()
+    return [_Approx(P[h], _up(rounding.gamma(q.head_dim + 2) * float(F[h]))) for h in range(q.num_heads)]
+
+
+def _lambda_max_estimate(S: torch.Tensor) -> float:
+    """Top eigenvalue of a symmetric matrix (an estimate to choose parameters; never part of a bound)."""
+    n = S.shape[0]
+    if n <= 1500:
+        return float(torch.linalg.eigvalsh(S)[-1])
+    import numpy as np
+    from scipy.sparse.linalg import eigsh
+    return float(eigsh(S.cpu().numpy(), k=1, which="LA", v0=np.ones(n), tol=1e-10)[0][0])
+
+
+def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget: float = 20.0,
+                   max_rounds: int = 200, envelope=None) -> DeflationBound:
+    """Certified ||T||_2 <= sqrt(tau) on an H x W grid by the deflated majorant (module docstring) with k token
+    functions. time_budget, max_rounds: the envelope's refinement (any stopping point is certified; max_rounds makes
+    the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
+    `envelope_toeplitz` to reuse across calls."""
+    sp._check_grid_size(H, W)
+    t0 = time.perf_counter()
+    q = sp.normalised(p)
+    sp.require_finite(q, "deflated majorant")
+    if q.WV.dtype != torch.float64:
+        raise ValueError("the deflated majorant is certified in float64 only: pass ssog_params(layer) in float64")
+    N, C = H * W, q.dim
+    k = max(1, min(int(k), N - 1))
+    TN, tn_err, mb = envelope if envelope is not None else envelope_toeplitz(p, H, W, k=k, time_budget=time_budget,
+                                                                             max_rounds=max_rounds)
+    ev, Q = top_eigenvectors(TN, k)
+    eta = orthonormality_defect(Q)
+    delta = certify_delta(TN, tn_err, Q, float(ev[k]), c=max(float(ev[0]), 0.0))
+
+    blocks, kappa = token_blocks(q, H, W, Q, eta)
+    P = head_projections(q)
+    hh = range(q.num_heads)
+    A = _kron_sum([blocks[h]["K"][0] for h in hh], P, transpose_P=True)  # (Q^T T Q): [(i,c),(j,d)] = L_h[i,j] P_h[d,c]
+    GCl, GCr, GBl, GBr = [], [], [], []
+    for h in hh:
+        for g in hh:
+            GCl.append(_mm(blocks[h]["K"][1], blocks[g]["K"][1], tX=True))
+            GCr.append(_mm(P[h], P[g], tY=True))  # P_h P_g^T
+            GBl.append(_mm(blocks[h]["Kt"][1], blocks[g]["Kt"][1], tX=True))
+            GBr.append(_mm(P[h], P[g], tX=True))  # P_h^T P_g
+    GC = _sym(_kron_sum(GCl, GCr, transpose_P=False))
+    GB = _sym(_kron_sum(GBl, GBr, transpose_P=False))
+    ATA = _sym(_mm(A, A, tX=True))
+    u = rounding.unit_roundoff(torch.float64)
+    # W = fl(GB + w I) >= GB + rho I exactly: w covers GB's error, the diagonal's rounding and rho
+    rho = 1e-12 * GB.norm + 1e-300
+    wshift = _up((GB.err + rho) * (1 + 4 * u) + 4 * u * float(GB.val.diagonal().abs().max()))
+    Wm = GB.val + wshift * torch.eye(GB.val.shape[0], dtype=torch.float64)
+    Wa = _Approx(Wm, 0.0)  # the stored W is the W of the proof
+    AWA = _sym(_mm(A, _mm(Wa, A), tX=True))
+    with sp.single_thread():
+        est = torch.tensor(_lambda_max_estimate(GB.val), dtype=torch.float64)
+        beta = float(rounding.verified_lambda_max(GB.val, lam=est)) + GB.err  # lambda_max of the exact G_B
+    if not math.isfinite(beta):
+        raise ValueError("lambda_max of the leakage Gram matrix could not be certified: not certified")
+
+    # parameters: eps and xi on small grids, from eigenvalue estimates (any choice gives a valid bound)
+    best = (math.inf, None, None)
+    with sp.single_thread():
+        tau0 = _lambda_max_estimate(ATA.val + GC.val)  # ||T||^2 on U: the scale of tau
+        for eps in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0):
+            F = ATA.val + (1 + eps) * GC.val
+            gam = (1 + 1 / eps) * delta ** 2
+            for xi in (1 / (f * tau0) for f in (0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4)):
+                floor = beta + gam + 1 / xi
+                if floor >= best[0]:
+                    continue
+                val = max(floor, _lambda_max_estimate(F + xi * AWA.val))
+                if val < best[0]:
+                    best = (val, eps, xi)
+    tau_est, eps, xi = best
+    if eps is None:
+        raise ValueError("the deflated majorant found no admissible parameters: not certified")
+    S = _Approx((ATA.val + (1 + eps) * GC.val) + xi * AWA.val, 0.0)
+    # error of the stored S against the exact A^T A + (1 + eps) GC + xi A^T W A: the parts' errors plus the two
+    # products by scalars and two additions (4 roundings of each entry)
+    s_err = ATA.err + (1 + eps) * GC.err + xi * AWA.err + 8 * u * (ATA.fro + (1 + eps) * GC.fro + xi * AWA.fro)
+    S = _sym(_Approx(S.val, _up(s_err)))
+    tau_cert = None
+    scale = max(tau_est, torch.finfo(torch.float64).tiny)
+    with sp.single_thread():
+        for pad in (1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2):
+            mu = torch.tensor(tau_est + pad * scale, dtype=torch.float64)
+            ok, mu_up = rounding.cholesky_certifies(S.val.clone(), mu, u)
+            if bool(ok):
+                tau_cert = float(mu_up)
+                break
+    if tau_cert is None:
+        raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
+    gam_up = _up((1 + 1 / eps) * delta * delta)
+    tau = max(_up(tau_cert + S.err), _up(beta + gam_up + 1 / xi))
+    margin_conv = q.conversion_error * q.magnitude()
+    upper_n = sp._finite(math.sqrt(tau) * (1 + 2 * u) + margin_conv, "deflated majorant bound")
+    e = q.log2_scale
+    return DeflationBound(upper=sp._scale_back(upper_n, e, up=True),
+                          estimate=sp._scale_back(math.sqrt(tau_est), e, up=False), k=k,
+                          delta=sp._scale_back(delta, e, up=True), eps=eps, xi=xi,
+                          seconds=time.perf_counter() - t0,
+                          margin=sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True),
+                          info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta,
+                                    beta=sp._scale_back(math.sqrt(beta), e, up=True),
+                                    errors=dict(S=S.err, GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
+                                    kC=k * C))
