@@ -403,9 +403,11 @@ def exact_norm(p, H: int, W: int, steps: int = 300) -> tuple[float, str]:
 
 
 def exactness_table(widths=(48, 192), grids=(14, 16, 32, 64), kernel_kinds=("init", "broad"), seed: int = 0,
-                    progress: bool = True) -> list[dict]:
-    """One row per layer and grid: exact, lipcheck lower, the Toeplitz majorant, the circulant embedding, the
+                    progress: bool = True, deflate_max_grid: int = 16, deflation_k: int = 10) -> list[dict]:
+    """One row per layer and grid: exact, lipcheck lower, the Toeplitz majorant, the deflated majorant (grids up to
+    deflate_max_grid), lipcheck's upper bound (the smallest certified one), the circulant embedding, the
     input-size-independent zero-padding bound, power iteration: values, ratio to exact, seconds."""
+    from lipcheck.bounds.deflation import deflated_bound
     from lipcheck.bounds.majorant import toeplitz_majorant
     rows = []
     jobs = [(C, kk, n) for C in widths for kk in kernel_kinds for n in grids]
@@ -429,6 +431,12 @@ def exactness_table(widths=(48, 192), grids=(14, 16, 32, 64), kernel_kinds=("ini
         mb = toeplitz_majorant(p, n, n)
         row["majorant"], row["majorant_seconds"] = mb.upper, time.perf_counter() - t
         row["majorant_cells"], row["majorant_rounds"] = mb.cells, mb.rounds
+        row["deflated"] = row["deflated_seconds"] = None
+        if n <= deflate_max_grid:  # a fixed k of token functions leaves delta near ||T|| on larger grids (proofs/S2.md)
+            t = time.perf_counter()
+            db = deflated_bound(p, n, n, k=deflation_k)
+            row["deflated"], row["deflated_seconds"], row["deflated_k"] = db.upper, time.perf_counter() - t, db.k
+            row["deflated_envelope"] = db.info["majorant"]  # its envelope's own majorant value, also certified
         t = time.perf_counter()
         row["circulant"] = spectral.circulant_bound(p, n, n).upper
         row["circulant_seconds"] = time.perf_counter() - t
@@ -436,12 +444,22 @@ def exactness_table(widths=(48, 192), grids=(14, 16, 32, 64), kernel_kinds=("ini
         t = time.perf_counter()
         row["power"] = power_iteration(p, n, n, seed=seed)
         row["power_seconds"] = time.perf_counter() - t
-        for key in ("lower", "majorant", "circulant", "zero_padding", "power"):
-            row[f"{key}_ratio"] = row[key] / row["exact"]
+        # lipcheck's deterministic upper bound: on small grids the deflated majorant (with its envelope's own
+        # majorant value) and the circulant embedding, beyond them the Toeplitz majorant and the circulant embedding
+        if row["deflated"] is not None:
+            row["upper"] = min(row["deflated"], row["deflated_envelope"], row["circulant"])
+            row["upper_seconds"] = row["deflated_seconds"] + row["circulant_seconds"]
+        else:
+            row["upper"] = min(row["majorant"], row["circulant"])
+            row["upper_seconds"] = row["majorant_seconds"] + row["circulant_seconds"]
+        for key in ("lower", "majorant", "deflated", "upper", "circulant", "zero_padding", "power"):
+            row[f"{key}_ratio"] = row[key] / row["exact"] if row[key] is not None else None
         # an upper bound must be >= exact (up to the exact value's own accuracy), a lower one <= exact
         tol = 1e-9
         row["valid"] = dict(lower=row["lower"] <= row["exact"] * (1 + tol),
                             majorant=row["majorant"] >= row["exact"] * (1 - tol),
+                            deflated=row["deflated"] is None or row["deflated"] >= row["exact"] * (1 - tol),
+                            upper=row["upper"] >= row["exact"] * (1 - tol),
                             circulant=row["circulant"] >= row["exact"] * (1 - tol),
                             zero_padding=row["zero_padding"] >= row["exact"] * (1 - tol),
                             power=row["power"] <= row["exact"] * (1 + tol))

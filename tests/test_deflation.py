@@ -119,3 +119,24 @@ def test_refusals():
         df.deflated_bound(p32, 3, 3, **FAST)
     with pytest.raises(ValueError):
         df.deflated_bound(p, 0, 3, **FAST)
+
+
+def test_ssog_lipschitz_takes_the_deflated_bound():
+    """ssog_lipschitz(deflated=True) on a scaled layer (alpha x 2^40, so the normalisation moves a power of two):
+    the deflated value enters the minimum in the layer's units, above the dense SVD written here."""
+    from lipcheck.bounds.spectral import ssog_lipschitz
+    from lipcheck.mixers.ssog import SSoG
+    rng = np.random.default_rng(12)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 3, 2.5, 2.5)
+    alpha = alpha * 2.0 ** 40
+    layer = SSoG(6, 2, 2, dtype=torch.float64)
+    with torch.no_grad():
+        layer.v_proj.weight.copy_(torch.tensor(WV.T))
+        layer.o_proj.weight.copy_(torch.tensor(WO.T))
+    layer.set_gaussian_params(torch.tensor(alpha), torch.tensor(mu), torch.tensor(sigma))
+    exact = dense_norm(alpha, mu, sigma, WV, WO, 5, 5)
+    r = ssog_lipschitz(layer, 5, 5, deflated=True, deflation_k=12, exact_max=0, gram_max=0, resolution_free=False,
+                       probabilistic=False, majorant=False)
+    d = r.info["deflated"]["value"]
+    assert exact * (1 - 1e-12) <= d <= exact * 1.05
+    assert r.upper <= d
