@@ -43,6 +43,7 @@ GROUPS = {
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],
                  "not wired_into_ssog_lipschitz"),  # that test patches keyword defaults, which mutmut wraps
+    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py"], None),
     "rounding": (["lipcheck/rounding.py"], ["tests/test_lognorm.py", "tests/test_bounds.py"],
                  "rounding or norm2 or lambda or cholesky or rump or gamma or anchor or gram or head_norms or op_is"),
     "network": (["lipcheck/bounds/network.py"], ["tests/test_network_bounds.py", "tests/test_bounds.py"],
