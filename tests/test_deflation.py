@@ -40,6 +40,7 @@ def test_deflated_bound_tight_where_the_majorant_is_not():
     assert exact * (1 - 1e-12) <= b.upper <= exact * 1.01
     assert b.info["majorant"] >= exact * 1.02  # the phases matter here
     assert b.delta < exact  # the complement is below the top
+    assert b.info["kC"] == 20 * 12 and b.k == 20
 
 
 def test_factorised_single_component():
@@ -140,3 +141,44 @@ def test_ssog_lipschitz_takes_the_deflated_bound():
     d = r.info["deflated"]["value"]
     assert exact * (1 - 1e-12) <= d <= exact * 1.05
     assert r.upper <= d
+
+
+def _exact_fro_diff(got, exact_rows):
+    """||got - exact||_2 bounded below by nothing: computed exactly in rationals, returned as a float >= 0 (the
+    spectral norm of the difference, from its float64 rounding, is what a bound must cover)."""
+    from fractions import Fraction
+    m, n = got.shape
+    diff = np.array([[float(Fraction(float(got[i, j])) - exact_rows[i][j]) for j in range(n)] for i in range(m)])
+    return np.linalg.norm(diff, 2)
+
+
+def test_kron_sum_and_lincomb_cover_their_rounding():
+    """_kron_sum and _lincomb against sums computed in exact rationals: the error bounds cover the float64 result,
+    and the inputs' own errors are carried (times the other factor's norm, times the coefficient)."""
+    from fractions import Fraction
+    rng = np.random.default_rng(9)
+    L = [torch.tensor(rng.standard_normal((3, 3))) for _ in range(4)]
+    P = [torch.tensor(rng.standard_normal((2, 2))) for _ in range(4)]
+    K = df._kron_sum([df._Approx(x, 0.0) for x in L], [df._Approx(x, 0.0) for x in P], transpose_P=True)
+    ex = [[sum(Fraction(float(L[j][a, b])) * Fraction(float(P[j][d, c])) for j in range(4))
+           for b in range(3) for d in range(2)] for a in range(3) for c in range(2)]
+    assert K.err >= _exact_fro_diff(K.val, ex) and K.err > 0
+    K2 = df._kron_sum([df._Approx(x, 0.01) for x in L], [df._Approx(x, 0.0) for x in P], transpose_P=True)
+    assert K2.err >= 0.01 * sum(np.linalg.norm(x.numpy(), 2) for x in P)
+    X = [torch.tensor(rng.standard_normal((4, 4))) for _ in range(3)]
+    c = [1.0, 1.3, 0.1]
+    S = df._lincomb([(ci, df._Approx(x, 0.0)) for ci, x in zip(c, X)])
+    exs = [[sum(Fraction(ci) * Fraction(float(x[i, j])) for ci, x in zip(c, X)) for j in range(4)] for i in range(4)]
+    assert S.err >= _exact_fro_diff(S.val, exs) and S.err > 0
+    S2 = df._lincomb([(ci, df._Approx(x, 0.5)) for ci, x in zip(c, X)])
+    assert S2.err >= 0.5 * sum(c)
+
+
+def test_lambda_max_estimate_large_and_small():
+    """The parameter choice's eigenvalue estimate (eigsh beyond 1500 dimensions, eigvalsh below) is the top one."""
+    rng = np.random.default_rng(3)
+    for n in (40, 1600):
+        A = torch.tensor(rng.standard_normal((n, 30)))
+        S = A @ A.T + torch.diag(torch.linspace(0, 1, n, dtype=torch.float64))
+        want = float(torch.linalg.eigvalsh(S)[-1])
+        assert abs(df._lambda_max_estimate(S) - want) <= 1e-8 * want

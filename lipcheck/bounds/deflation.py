@@ -105,6 +105,16 @@ def _kron_sum(L: list[_Approx], P: list[_Approx], transpose_P: bool) -> _Approx:
     return _Approx(val, _up(err))
 
 
+def _lincomb(terms: list[tuple[float, _Approx]]) -> _Approx:
+    """fl(sum_j c_j X_j), c_j >= 0: the parts' errors times c_j, and per entry the products by c_j and the sum
+    (at most 2 J roundings: gamma_{2J} sum_j c_j ||X_j||_F)."""
+    val = None
+    for c, X in terms:
+        val = c * X.val if val is None else val + c * X.val
+    err = sum(c * X.err for c, X in terms) + rounding.gamma(2 * len(terms)) * sum(c * X.fro for c, X in terms)
+    return _Approx(val, _up(err))
+
+
 def _sym(X: _Approx) -> _Approx:
     """(X + X^T) / 2, exactly symmetric in floating point; it is as close to the (symmetric) exact matrix as X is,
     plus one rounding."""
@@ -294,11 +304,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget
     tau_est, eps, xi = best
     if eps is None:
         raise ValueError("the deflated majorant found no admissible parameters: not certified")
-    S = _Approx((ATA.val + (1 + eps) * GC.val) + xi * AWA.val, 0.0)
-    # error of the stored S against the exact A^T A + (1 + eps) GC + xi A^T W A: the parts' errors plus the two
-    # products by scalars and two additions (4 roundings of each entry)
-    s_err = ATA.err + (1 + eps) * GC.err + xi * AWA.err + 8 * u * (ATA.fro + (1 + eps) * GC.fro + xi * AWA.fro)
-    S = _sym(_Approx(S.val, _up(s_err)))
+    # the stored S against the exact A^T A + (1 + eps) GC + xi A^T W A
+    S = _sym(_lincomb([(1.0, ATA), (1 + eps, GC), (xi, AWA)]))
     tau_cert = None
     scale = max(tau_est, torch.finfo(torch.float64).tiny)
     with sp.single_thread():
