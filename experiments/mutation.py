@@ -55,6 +55,28 @@ GROUPS = {
 # the change only loosens a bound in a way no true-bound test can see. Anything unmatched is reported as
 # "unexplained" and counts against the suite.
 SURVIVOR_REASONS = [
+    ("lipcheck/bounds/deflation.py", r"orthonormality_defect", r"torch\.eye\(k, device=Q\.device\)",
+     "equivalent: the identity is exact in float32 and the subtraction promotes it to Q's float64"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"estimate=sp\._scale_back\(.*up=None\)",
+     "equivalent: _scale_back tests `up` for truth only, and None is false like False"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"_finite\(math\.sqrt\(tau\).*, None\)",
+     "message text only (the refusal itself is unchanged)"),
+    ("lipcheck/bounds/deflation.py", r"_sub", r"[3-9] \* u \* out\.fro",
+     "loosens: a larger allowance for the subtraction's rounding"),
+    ("lipcheck/bounds/deflation.py", r"orthonormality_defect", r"rounding\.gamma\(N \+ [5-9]\)",
+     "loosens: a larger rounding allowance on fl(Q^T Q)"),
+    ("lipcheck/bounds/deflation.py", r"certify_delta", r"rounding\.gamma\(k - 3\)",
+     "shrinks by 6u relative the allowance for fl(c Q Q^T) (itself ~1e-14 of delta, covered many times by the "
+     "1e-9 pad of the certificate): no float64 input can exhibit it; not equivalent"),
+    ("lipcheck/bounds/deflation.py", r"token_blocks", r"rel \* fq \* \(1 - 4 \* eta\)",
+     "shrinks by 8 eta (~1e-12) relative the allowance for K_h Q's rounding: no float64 input can exhibit it; "
+     "not equivalent"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"GCXX=|GC=None|GB=GB\.err, A=A\.err",
+     "now killed by tests/test_deflation.py::test_report_fields_and_the_envelope_budget (the reported allowances, "
+     "added after this run; checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"envelope_toeplitz", r"toeplitz_majorant\(p, H, W, rtol=1e-2, max_rounds",
+     "now killed by tests/test_deflation.py::test_report_fields_and_the_envelope_budget (the time budget reaches "
+     "the envelope's refinement, added after this run; checked by hand)"),
     ("lipcheck/bounds/deflation.py", r"_kron_sum", r"err -= rounding\.gamma",
      "now killed by tests/test_deflation.py::test_kron_sum_and_lincomb_cover_their_rounding (added after this run; "
      "checked by applying the mutant by hand)"),

@@ -182,3 +182,18 @@ def test_lambda_max_estimate_large_and_small():
         S = A @ A.T + torch.diag(torch.linspace(0, 1, n, dtype=torch.float64))
         want = float(torch.linalg.eigvalsh(S)[-1])
         assert abs(df._lambda_max_estimate(S) - want) <= 1e-8 * want
+
+
+def test_report_fields_and_the_envelope_budget():
+    """Every error allowance is reported (positive, finite, far below the bound), the estimate lies below the
+    certified value, and the envelope's refinement obeys its time budget (0 s: no round) and its round budget."""
+    rng = np.random.default_rng(21)
+    layer = random_layer(rng, 2, 2, 2, 2.0, 2.0)
+    b = df.deflated_bound(params(*layer), 5, 4, k=6, **FAST)
+    assert set(b.info["errors"]) == {"S", "GB", "GC", "A", "delta_envelope"}
+    assert all(0 < v < 1e-6 * b.upper and math.isfinite(v) for v in b.info["errors"].values())
+    assert b.estimate <= b.upper and b.margin >= 0 and 0 < b.info["eta"] < 1e-12
+    assert 1 <= b.info["envelope_rounds"] <= 4
+    b0 = df.deflated_bound(params(*layer), 5, 4, k=6, time_budget=0.0, max_rounds=50)
+    assert b0.info["envelope_rounds"] == 0
+    assert b0.upper >= dense_norm(*layer, 5, 4) * (1 - 1e-12)

@@ -327,7 +327,7 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget
                           delta=sp._scale_back(delta, e, up=True), eps=eps, xi=xi,
                           seconds=time.perf_counter() - t0,
                           margin=sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True),
-                          info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta,
+                          info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta, envelope_rounds=mb.rounds,
                                     beta=sp._scale_back(math.sqrt(beta), e, up=True),
                                     errors=dict(S=S.err, GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
                                     kC=k * C))
