@@ -936,7 +936,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
                    symbol_start: bool = True, symbol_start_tokens: int = 1024, symbol_steps: int = 40,
                    probabilistic: bool = True, seed: int | None = None,
                    progress: bool = False, majorant: bool | None = None, deflated: bool = False,
-                   deflation_k: int = 10) -> SSoGBound:
+                   deflation_k: int | None = None) -> SSoGBound:
     """Certified bounds on Lip(SSoG) = ||T||_2 on an H x W grid.
 
     lower <= ||T||_2 <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
