@@ -298,10 +298,13 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     best = (math.inf, None, None)
     with sp.single_thread():
         tau0 = _lambda_max_estimate(ATA.val + GC.val)  # ||T||^2 on U: the scale of tau
-        for eps in (0.03, 0.1, 0.3, 1.0, 3.0):
+        # a finer grid where the estimates are cheap (eigvalsh below 1500 dimensions), a coarser one beyond
+        fine = ATA.val.shape[0] <= 1500
+        for eps in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0) if fine else (0.03, 0.1, 0.3, 1.0, 3.0):
             F = ATA.val + (1 + eps) * GC.val
             gam = (1 + 1 / eps) * delta ** 2
-            for xi in (1 / (f * tau0) for f in (0.1, 0.03, 0.01, 0.003, 0.001)):
+            fs = (0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4) if fine else (0.1, 0.03, 0.01, 0.003, 0.001)
+            for xi in (1 / (f * tau0) for f in fs):
                 floor = beta + gam + 1 / xi
                 if floor >= best[0]:
                     continue
