@@ -103,7 +103,7 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/deflation.py", r"orthonormality_defect", r"rounding\.gamma\(k \* k - 4\)",
      "shrinks by 8u relative the rounding allowance of a computed Frobenius norm inside eta (~1e-13, itself "
      "covered many times by the 1e-8 allowances downstream): no float64 input can exhibit it; not equivalent"),
-    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"for f in \(",
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"for f in \(|fs = \(|for eps in \(",
      "parameter choice: any xi gives a certified bound (Theorem D2); the grid keeps its other values"),
     ("lipcheck/bounds/deflation.py", r"envelope_toeplitz", r"_no_nan\(t, \"",
      "message text only (the refusal itself is unchanged)"),
