@@ -89,8 +89,6 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/deflation.py", r"deflated_bound", r"kCXX=",
      "now killed by tests/test_deflation.py::test_deflated_bound_tight_where_the_majorant_is_not (the reported kC, "
      "added after this run; checked by hand)"),
-    ("lipcheck/bounds/deflation.py", r"certify_delta", r"cholesky_certifies\(S\.clone\(\), mu, \)",
-     "equivalent: cholesky_certifies' default u is the unit roundoff of S's dtype (float64), the u passed"),
     ("lipcheck/bounds/deflation.py", r"top_eigenvectors", r"eigsh\(TN\.cpu\(\)\.numpy\(\), k=k \+ 1, v0",
      "equivalent: T_N(s_up) is positive semidefinite (s_up >= 0), so the largest-magnitude eigenvalues eigsh "
      "returns by default are the largest ones"),

@@ -197,3 +197,17 @@ def test_report_fields_and_the_envelope_budget():
     b0 = df.deflated_bound(params(*layer), 5, 4, k=6, time_budget=0.0, max_rounds=50)
     assert b0.info["envelope_rounds"] == 0
     assert b0.upper >= dense_norm(*layer, 5, 4) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("e", [-900, 900])
+def test_deflated_bound_at_extreme_scales(e):
+    """alpha x 2^e (exact in float64): the bound scales with it and stays above the dense SVD of the unscaled layer
+    times 2^e, written here; it neither overflows nor underflows to 0."""
+    rng = np.random.default_rng(14)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 2.0, 2.0)
+    exact = dense_norm(alpha, mu, sigma, WV, WO, 4, 5)
+    b1 = df.deflated_bound(params(alpha, mu, sigma, WV, WO), 4, 5, k=8, **FAST)
+    b = df.deflated_bound(params(alpha * 2.0 ** e, mu, sigma, WV, WO), 4, 5, k=8, **FAST)
+    assert math.isfinite(b.upper) and b.upper > 0
+    assert b.upper >= math.ldexp(exact, e) * (1 - 1e-12)
+    assert b.upper == pytest.approx(math.ldexp(b1.upper, e), rel=1e-12)

@@ -34,6 +34,11 @@ from . import majorant as mj
 from . import spectral as sp
 
 
+# rounding.verified_lambda_max pads its guess from 1e-12 ||S||_F tenfold per failed Cholesky try: 20 tries reach
+# 1e7 ||S||_F >= lambda_max, so a poor guess costs tries, never the certificate
+CERTIFY_TRIES = 20
+
+
 @dataclasses.dataclass
 class DeflationBound:
     """upper >= ||T||_2 (certified); estimate: the bound's value before margins (sqrt of the best tau found
@@ -133,8 +138,7 @@ def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_bud
     t, t_err = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
     sp._no_nan(t, "envelope Fourier coefficients")
     TN = mj.dense_toeplitz(t, H, W)
-    # ||E||_2 <= the largest row sum of |entry errors| <= (2H - 1)(2W - 1) max error
-    return TN, _up((2 * H - 1) * (2 * W - 1) * t_err * (1 + rounding.gamma(4))), mb
+    return TN, _up(mj.stored_matrix_error(t_err, H, W, t.dtype)), mb
 
 
 def top_eigenvectors(TN: torch.Tensor, k: int):
@@ -178,15 +182,11 @@ def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float
     S = (S + S.T) / 2
     fq = float(Q.square().sum()) * (1 + rounding.gamma(N * k + 2))
     extra = tn_err + rounding.gamma(k + 3) * c * fq + 3 * u * float(S.square().sum().sqrt())
-    # ||T_N||_F >= lambda_max(T_N - c Q Q^T) for c >= 0: the last pad passes unless the factorisation meets NaN/inf
-    scale = max(abs(guess), float(TN.square().sum().sqrt()), torch.finfo(TN.dtype).tiny)
-    for pad in (1e-9, 1e-7, 1e-5, 1e-3, 1e-2, 1e-1, 1.1):
-        mu = torch.tensor(guess + pad * scale, dtype=TN.dtype)
-        with sp.single_thread():
-            ok, mu_up = rounding.cholesky_certifies(S.clone(), mu, u)
-        if bool(ok):
-            return _up(float(mu_up) + extra)
-    raise ValueError("the deflated envelope's Cholesky certificate failed at every pad: not certified")
+    with sp.single_thread():
+        mu = float(rounding.verified_lambda_max(S, lam=torch.tensor(float(guess), dtype=S.dtype), tries=CERTIFY_TRIES))
+    if not math.isfinite(mu):
+        raise ValueError("the deflated envelope's Cholesky certificate failed at every pad: not certified")
+    return _up(mu + extra)
 
 
 def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
@@ -316,16 +316,10 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
         raise ValueError("the deflated majorant found no admissible parameters: not certified")
     # the stored S against the exact A^T A + (1 + eps) GC + xi A^T W A
     S = _sym(_lincomb([(1.0, ATA), (1 + eps, GC), (xi, AWA)]))
-    tau_cert = None
-    scale = max(tau_est, torch.finfo(torch.float64).tiny)
     with sp.single_thread():
-        for pad in (1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2):
-            mu = torch.tensor(tau_est + pad * scale, dtype=torch.float64)
-            ok, mu_up = rounding.cholesky_certifies(S.val.clone(), mu, u)
-            if bool(ok):
-                tau_cert = float(mu_up)
-                break
-    if tau_cert is None:
+        tau_cert = float(rounding.verified_lambda_max(S.val, lam=torch.tensor(tau_est, dtype=torch.float64),
+                                                      tries=CERTIFY_TRIES))
+    if not math.isfinite(tau_cert):
         raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
     gam_up = _up((1 + 1 / eps) * delta * delta)
     tau = max(_up(tau_cert + S.err), _up(beta + gam_up + 1 / xi))

@@ -145,6 +145,12 @@ def toeplitz_coefficients(a: torch.Tensor, w: torch.Tensor, h: torch.Tensor, H: 
     return t, V1 * rel + 32 * J * tiny
 
 
+def stored_matrix_error(t_err: float, H: int, W: int, dtype) -> float:
+    """||T_N(fl(t)) - T_N(t)||_2 <= the largest row sum of |entry errors| <= (2H - 1)(2W - 1) max error (the
+    product rounded up in `dtype`'s unit roundoff)."""
+    return (2 * H - 1) * (2 * W - 1) * t_err * (1 + gaussian.gamma(4, dtype))
+
+
 def _upper_half(H: int, W: int, device) -> torch.Tensor:
     """Mask of the offsets (k, l) with k > 0 or (k == 0 and l >= 0) on the (2H-1) x (2W-1) offset grid."""
     k = torch.arange(-(H - 1), H, device=device)[:, None]
@@ -433,7 +439,7 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
         lam, _ = _top_eigen(t, H, W, v if target == 0 else None, max(lanczos_steps, 300))
     mu = _certify(t, H, W, lam, dt)
     # ||E||_2 <= sum of |entry errors| along a row <= (2H-1)(2W-1) max error; the weights' conversion error
-    margin = (2 * H - 1) * (2 * W - 1) * t_err * (1 + q.gamma(4)) + q.conversion_error * q.magnitude()
+    margin = stored_matrix_error(t_err, H, W, dt) + q.conversion_error * q.magnitude()
     upper = sp._finite((mu + margin) * (1 + 2 * u), "Toeplitz majorant bound")
     e = q.log2_scale
     return MajorantBound(upper=sp._scale_back(upper, e, up=True), estimate=sp._scale_back(lam, e, up=False),
