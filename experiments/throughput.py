@@ -166,13 +166,13 @@ def plan(args, device: str) -> list[dict]:
         return args.warmup if args.warmup is not None else 1
 
     def warm_load(load, n):
-        # With more than one thread SSoG's thread policy spends its first four calls of a batch size on
-        # timing each setting once (the first call at a thread count is never timed): untimed here, so that
-        # the timed steps are the steady state (and not one of two throughput-batch timings a deliberately
-        # single-threaded probe).
+        # With more than one thread SSoG's thread policy spends its first six or seven calls of a batch size
+        # on timing each setting twice (the first call at a thread count is never timed) and switching to the
+        # faster: untimed here, so that the timed steps are the steady state (and not the policy's
+        # deliberately single-threaded initial samples).
         if load.get("threads") == 1 or args.warmup is not None:
             return dict(warmup=n)
-        return dict(warmup=max(n, 4), throughput_warmup=4)
+        return dict(warmup=max(n, 8), throughput_warmup=8)
 
     def tbatch(res, mode):
         if args.throughput_batch is not None:
@@ -489,7 +489,7 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
     if targets:
         md += ["## 1a. Mixer alone: SSoG (auto backend) against fused SDPA", "",
                "Forward with projections, 4 components, eval, no grad; both mixers timed alternately in one process, "
-               "at batch 1 and at the throughput batch (with more than one thread after four untimed steps per batch "
+               "at batch 1 and at the throughput batch (with more than one thread after eight untimed steps per batch "
                "size, in which SSoG's thread policy times both thread counts). "
                "`frac` = measured speed-up / multiply-add ratio (target >= 0.8).",
                ""]
@@ -676,7 +676,7 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "`TB` is the row's throughput batch (timed in the same process after batch 1; `@TB` columns), "
            "`load` the thread setting (`1 thread` pinned; `default threads` torch's count; `busy core` with a "
            "spinning competing process started by the benchmark; rows with more than one thread start each batch "
-           "size with four untimed steps, in which SSoG's thread policy times both thread counts), "
+           "size with eight untimed steps, in which SSoG's thread policy times both thread counts), "
            "`output check` the float64 comparison of the "
            "timed model against its reference paths (largest relative error). "
            "To fit the CPU budget the full run measures training steps at 224 (every variant), 512 and 1024 "

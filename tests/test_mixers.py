@@ -296,16 +296,16 @@ def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch)
         pol.record(key, k, seconds_at[k])
         return k
 
-    assert pol.choose(key) == 4  # the first call at torch's count: untimed
-    pol.record(key, 4, 100.0)
-    assert pol.stats[key, 4][4] is None
-    assert call({4: 0.9, 1: 0.3}) == 4  # timed
-    assert pol.stats[key, 4][4] == 0.9
-    assert pol.choose(key) == 1  # a switch to one thread: untimed, however slow
-    pol.record(key, 1, 50.0)
+    assert pol.choose(key) == 1  # the first call: one thread, untimed
+    pol.record(key, 1, 100.0)
     assert pol.stats[key, 4][1] is None
-    assert call({4: 0.9, 1: 0.3}) == 1
+    assert call({4: 0.9, 1: 0.3}) == 1  # timed
     assert pol.stats[key, 4][1] == 0.3
+    assert pol.choose(key) == 4  # a switch to torch's count: untimed, however slow
+    pol.record(key, 4, 50.0)
+    assert pol.stats[key, 4][4] is None
+    assert call({4: 0.9, 1: 0.3}) == 4
+    assert pol.stats[key, 4][4] == 0.9
     picks = [call({4: 0.9, 1: 0.3}) for _ in range(10)]  # calls 5..14: bursts of 4 at calls 5, 6 and 10, 11
     assert picks == [4, 4, 1, 1, 1, 4, 4, 1, 1, 1]
     assert pol.stats[key, 4][4] == 0.9  # each burst's first call untimed, its second timed at 0.9
@@ -316,6 +316,25 @@ def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch)
         ThreadPolicy(probe_every=3, burst=3)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert ThreadPolicy().choose(key) == 1
+
+
+def test_thread_policy_starts_from_the_minimum_of_its_initial_samples(monkeypatch):
+    """Before its first choice the policy times each setting burst - 1 times (one thread first) and keeps the
+    fastest: a cold first timing at torch's count does not send a quiet machine to one thread; later times
+    enter the exponential average."""
+    from lipcheck.mixers.ssog import ThreadPolicy
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    pol = ThreadPolicy(probe_every=32, burst=3, decay=0.5)
+    key = ("grid",)
+    times = {1: iter([9.0, 0.6, 0.5, 0.55]), 2: iter([9.0, 0.7, 0.3, 0.3, 0.4])}
+    picks = []
+    for _ in range(8):
+        k = pol.choose(key)
+        picks.append(k)
+        pol.record(key, k, next(times[k]))
+    # 1 (untimed), 1, 1; 2 (untimed, a switch), 2 (cold: 0.7 > 0.5), 2 (0.3); then torch's count
+    assert picks == [1, 1, 1, 2, 2, 2, 2, 2]
+    assert pol.stats[key, 2][1] == 0.5 and pol.stats[key, 2][2] == pytest.approx(0.5 * 0.3 + 0.5 * 0.4)
 
 
 def test_forward_under_the_thread_policy_equals_one_thread():

@@ -361,8 +361,11 @@ class ThreadPolicy:
     of the other setting. The first call after any change of the thread count is never timed: it wakes
     the parked threads (or parks them) and meets cold caches, tens of microseconds that once made a
     0.2 ms call look slower at two threads than at one, so that a probe of torch's count after a stretch
-    of one-thread calls never won it back. Each setting's time is an exponential average (weight `decay`
-    on the old value) per grid. On a quiet machine it settles on torch's count; under load on one thread.
+    of one-thread calls never won it back. Before its first choice it times each setting `burst - 1` times,
+    one thread first, and keeps the minimum (the first calls of a process run cold, up to twice the steady
+    time at 14 x 14: such a time once made the policy start on one thread on a quiet machine for a whole
+    probe period); afterwards each setting's time is an exponential average (weight `decay` on the old
+    value) per grid. On a quiet machine it settles on torch's count; under load on one thread.
     The result is the same number either way: only the thread count changes.
     """
 
@@ -376,12 +379,12 @@ class ThreadPolicy:
         n = torch.get_num_threads()
         if n <= 1:
             return n
-        st = self.stats.setdefault((key, n), {"calls": 0, "last": None, n: None, 1: None})
+        st = self.stats.setdefault((key, n), {"calls": 0, "last": None, n: None, 1: None, "timed": {n: 0, 1: 0}})
         st["calls"] += 1
-        if st[n] is None:
-            return n
-        if st[1] is None:
-            return 1
+        for k in (1, n):  # the initial samples: one thread first (the coldest calls of a process fall on it,
+            # so that on a quiet machine the policy starts on torch's count, where it stays), then torch's count
+            if st["timed"][k] < self.burst - 1:
+                return k
         best = n if st[n] <= st[1] else 1
         return (1 if best == n else n) if st["calls"] % self.probe_every < self.burst else best
 
@@ -394,7 +397,11 @@ class ThreadPolicy:
         if switched:  # the first call at a thread count (of the key, or after a change): not representative
             return
         old = st[threads]
-        st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        st["timed"][threads] += 1
+        if st["timed"][threads] < self.burst:  # an initial sample: the minimum (cold calls are only slower)
+            st[threads] = seconds if old is None else min(old, seconds)
+        else:
+            st[threads] = self.decay * old + (1 - self.decay) * seconds
 
 
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
