@@ -318,23 +318,30 @@ def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch)
     assert ThreadPolicy().choose(key) == 1
 
 
-def test_thread_policy_starts_from_the_minimum_of_its_initial_samples(monkeypatch):
-    """Before its first choice the policy times each setting burst - 1 times (one thread first) and keeps the
-    fastest: a cold first timing at torch's count does not send a quiet machine to one thread; later times
-    enter the exponential average."""
+def test_thread_policy_times_each_setting_twice_one_thread_first(monkeypatch):
+    """Before its first choice the policy times each setting burst - 1 times, one thread first (the coldest
+    calls of a process fall on it), and averages them (decay): on a quiet machine it then runs torch's count;
+    under load one lucky fast call at torch's count does not win it."""
     from lipcheck.mixers.ssog import ThreadPolicy
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    pol = ThreadPolicy(probe_every=32, burst=3, decay=0.5)
-    key = ("grid",)
-    times = {1: iter([9.0, 0.6, 0.5, 0.55]), 2: iter([9.0, 0.7, 0.3, 0.3, 0.4])}
-    picks = []
-    for _ in range(8):
-        k = pol.choose(key)
-        picks.append(k)
-        pol.record(key, k, next(times[k]))
-    # 1 (untimed), 1, 1; 2 (untimed, a switch), 2 (cold: 0.7 > 0.5), 2 (0.3); then torch's count
+
+    def run(times, calls):
+        pol = ThreadPolicy(probe_every=32, burst=3, decay=0.5)
+        times = {k: iter(v) for k, v in times.items()}
+        picks = []
+        for _ in range(calls):
+            k = pol.choose(("grid",))
+            picks.append(k)
+            pol.record(("grid",), k, next(times[k]))
+        return picks, pol.stats[("grid",), 2]
+
+    # quiet: 1 (untimed, the process's first call), 1, 1 (cold: 0.6, 0.5); 2 (untimed switch), 2, 2; then 2
+    picks, st = run({1: [9.0, 0.6, 0.5], 2: [9.0, 0.3, 0.3, 0.4, 0.3]}, 8)
     assert picks == [1, 1, 1, 2, 2, 2, 2, 2]
-    assert pol.stats[key, 2][1] == 0.5 and pol.stats[key, 2][2] == pytest.approx(0.5 * 0.3 + 0.5 * 0.4)
+    assert st[1] == pytest.approx(0.55) and st[2] == pytest.approx(0.5 * (0.5 * 0.3 + 0.5 * 0.4) + 0.5 * 0.3)
+    # busy: torch's count 0.1 once (a lucky call) and 1.5 next averages 0.8 > 0.5: back to one thread
+    picks, st = run({1: [9.0, 0.5, 0.5, 0.5, 0.5], 2: [9.0, 0.1, 1.5]}, 8)
+    assert picks == [1, 1, 1, 2, 2, 2, 1, 1] and st[2] == pytest.approx(0.8)
 
 
 def test_forward_under_the_thread_policy_equals_one_thread():

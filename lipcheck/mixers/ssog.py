@@ -362,10 +362,11 @@ class ThreadPolicy:
     the parked threads (or parks them) and meets cold caches, tens of microseconds that once made a
     0.2 ms call look slower at two threads than at one, so that a probe of torch's count after a stretch
     of one-thread calls never won it back. Before its first choice it times each setting `burst - 1` times,
-    one thread first, and keeps the minimum (the first calls of a process run cold, up to twice the steady
-    time at 14 x 14: such a time once made the policy start on one thread on a quiet machine for a whole
-    probe period); afterwards each setting's time is an exponential average (weight `decay` on the old
-    value) per grid. On a quiet machine it settles on torch's count; under load on one thread.
+    one thread first: the first calls of a process run cold (up to twice the steady time at 14 x 14), and
+    such a time at torch's count once sent the policy to one thread on a quiet machine for a whole probe
+    period. Each setting's time is an exponential average (weight `decay` on the old value) per grid (not
+    a minimum: under load a lucky fast call at torch's count would win). On a quiet machine it settles on
+    torch's count; under load on one thread.
     The result is the same number either way: only the thread count changes.
     """
 
@@ -398,10 +399,7 @@ class ThreadPolicy:
             return
         old = st[threads]
         st["timed"][threads] += 1
-        if st["timed"][threads] < self.burst:  # an initial sample: the minimum (cold calls are only slower)
-            st[threads] = seconds if old is None else min(old, seconds)
-        else:
-            st[threads] = self.decay * old + (1 - self.decay) * seconds
+        st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
 
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
