@@ -11,10 +11,12 @@ lambda_max of T_N(s) on span(Q)^perp. So, with U = span(Q) (x) R^C and Pi its or
 
 and the rest of T is computed exactly on U, where it has k C dimensions: A = Pi T Pi, the leakages Pi^perp T Pi
 (Gram GC) and Pi T Pi^perp (Gram GB), all of the form sum_h (k x k) kron (C x C) from K_h Q and P_h. For x = a + b
-(a in U, b in U^perp), ||T x||^2 <= ||A a + B b||^2 + (||Cm a|| + delta ||b||)^2, and for any eps, xi > 0
+(a in U, b in U^perp), ||T x||^2 <= ||A a + B b||^2 + (||Cm a|| + delta ||b||)^2 <= ||A a + B b||^2 +
+(1 + eps) ||Cm a||^2 + (1 + 1/eps) delta^2 ||b||^2 (any eps > 0), and by a Schur complement on b (B B^T = GB)
 
-    ||T||^2 <= tau  if  tau >= lambda_max(G_B) + (1 + 1/eps) delta^2 + 1/xi  and
-                       tau I - (A^T A + (1 + eps) GC + xi A^T W A) is positive definite, W >= GB (any W >= GB + rho I).
+    ||T||^2 <= tau  if  tau >= sigma + (1 + 1/eps) delta^2  and  [[tau I - (1 + eps) GC, A^T], [A, I - GB / sigma]]
+                        is positive definite (a 2 k C x 2 k C matrix; it says tau I - (1 + eps) GC - sigma A^T (sigma I -
+                        GB)^-1 A >= 0 and sigma > lambda_max(GB)).
 
 The phases inside U are kept exactly; what is lost is second order in the leakage, so with k = 10-20 token functions
 the bound is within 1e-3 of ||T|| where the majorant is 5-20 % above it. Every matrix is formed in float64 with an
@@ -43,13 +45,13 @@ CERTIFY_TRIES = 20
 class DeflationBound:
     """upper >= ||T||_2 (certified); estimate: the bound's value before margins (sqrt of the best tau found
     numerically); k: token functions in U; delta: certified lambda_max of T_N(s_up) on span(Q)^perp (p's units);
-    eps, xi: the splitting parameters; seconds; margin: rounding allowances added (p's units); info: details."""
+    eps, sigma: the parameters of Theorem D3 (sigma in p's units squared); seconds; margin: rounding allowances added (p's units); info: details."""
     upper: float
     estimate: float
     k: int
     delta: float
     eps: float
-    xi: float
+    sigma: float
     seconds: float
     margin: float
     info: dict
@@ -107,16 +109,6 @@ def _kron_sum(L: list[_Approx], P: list[_Approx], transpose_P: bool) -> _Approx:
     val = torch.einsum("jab,jcd->acbd", Ls, Ps).reshape(k * C, k * C)
     err = sum(a.norm * b.err + b.norm * a.err + a.err * b.err for a, b in zip(L, P))
     err += rounding.gamma(len(L) + 2) * sum(a.fro * b.fro for a, b in zip(L, P))
-    return _Approx(val, _up(err))
-
-
-def _lincomb(terms: list[tuple[float, _Approx]]) -> _Approx:
-    """fl(sum_j c_j X_j), c_j >= 0: the parts' errors times c_j, and per entry the products by c_j and the sum
-    (at most 2 J roundings: gamma_{2J} sum_j c_j ||X_j||_F)."""
-    val = None
-    for c, X in terms:
-        val = c * X.val if val is None else val + c * X.val
-    err = sum(c * X.err for c, X in terms) + rounding.gamma(2 * len(terms)) * sum(c * X.fro for c, X in terms)
     return _Approx(val, _up(err))
 
 
@@ -230,14 +222,159 @@ def head_projections(q: sp.SSoGParams) -> list[_Approx]:
     return [_Approx(P[h], _up(rounding.gamma(q.head_dim + 2) * float(F[h]))) for h in range(q.num_heads)]
 
 
-def _lambda_max_estimate(S: torch.Tensor) -> float:
-    """Top eigenvalue of a symmetric matrix (an estimate to choose parameters; never part of a bound)."""
-    n = S.shape[0]
-    if n <= 1500:
-        return float(torch.linalg.eigvalsh(S)[-1])
+def _top_eigenvalue(matvec, n: int, v0) -> tuple[float, "np.ndarray"]:
+    """(lambda_max, its eigenvector) of a symmetric operator given by matvec, by Lanczos from v0 (an estimate to
+    choose parameters; never part of a bound)."""
     import numpy as np
-    from scipy.sparse.linalg import eigsh
-    return float(eigsh(S.cpu().numpy(), k=1, which="LA", v0=np.ones(n), tol=1e-10)[0][0])
+    from scipy.sparse.linalg import LinearOperator, eigsh
+    if n <= 64:  # eigsh needs n > 1; small operators densely
+        M = np.stack([matvec(e) for e in np.eye(n)], 1)
+        w, V = np.linalg.eigh((M + M.T) / 2)
+        return float(w[-1]), V[:, -1]
+    w, V = eigsh(LinearOperator((n, n), matvec=matvec, dtype=np.float64), k=1, which="LA", v0=v0, tol=1e-10)
+    return float(w[0]), V[:, 0]
+
+
+def _krylov_basis(apply, n: int, blocks: int, width: int, seed: int):
+    """Orthonormal basis (n, <= blocks * width) of a block Krylov space of the symmetric operator `apply` (acting on
+    n x width arrays) from a seeded random block: where the top eigenvectors of nearby operators live."""
+    import numpy as np
+    X = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, width)))[0]
+    basis = [X]
+    for _ in range(blocks - 1):
+        Y = apply(basis[-1])
+        Q = np.concatenate(basis, 1)
+        for _ in range(2):  # twice is enough (Kahan)
+            Y = Y - Q @ (Q.T @ Y)
+        basis.append(np.linalg.qr(Y)[0])
+    return np.concatenate(basis, 1)
+
+
+def choose_parameters(A: torch.Tensor, GC: torch.Tensor, GB: torch.Tensor, delta: float,
+                      gb_err: float = 0.0) -> tuple[float, float]:
+    """(eps, sigma) for Theorem D3 from eigenvalue estimates (any eps > 0 and sigma > lambda_max(GB) give a valid
+    bound; these make it small). For fixed eps the best sigma solves sigma + c = phi(sigma), c = (1 + 1/eps) delta^2,
+    phi(sigma) = lambda_max(F), F = (1 + eps) GC + sigma A^T (sigma I - GB)^-1 A, decreasing in sigma: a fixed-point
+    iteration (phi's slope is second order in the leakage), bracketed by bisection. With GB = V diag(g) V^T once,
+    F is cheap to apply. eps: golden-section search on log eps with phi from the Rayleigh-Ritz values of F on a
+    block Krylov space of three reference operators (eps = 0.1, 1, 10: small dense problems), then sigma again at
+    that eps with Lanczos on the full k C dimensions. sigma stays above lambda_max(GB) + 4 gb_err (GB's error
+    bound) + 1e-9 ||T||^2, so that I - GB / sigma is positive definite with room for its errors."""
+    import numpy as np
+    with sp.single_thread():
+        g, V = torch.linalg.eigh(GB)
+    g, At, Gc = g.numpy(), (V.T @ A).numpy(), GC.numpy()
+    n = Gc.shape[0]
+    beta = max(float(g[-1]), 0.0)
+    state = {"v0": np.ones(n)}
+    # ||T||^2 on U (the scale of tau): sigma's floor keeps I - GB / sigma well away from its error (proofs/S2.md)
+    scale = _top_eigenvalue(lambda x: Gc @ x + At.T @ (At @ x), n, state["v0"])[0]
+    floor = (beta + 4 * gb_err) * (1 + 1e-6) + 1e-9 * scale + 1e-300
+
+    def apply(eps, sig, X):
+        w = sig / (sig - g)
+        return (1 + eps) * (Gc @ X) + At.T @ ((w * (At @ X).T).T)
+
+    def phi_full(eps, sig):
+        val, state["v0"] = _top_eigenvalue(lambda x: apply(eps, sig, x), n, state["v0"])
+        return val
+
+    ref = max(2 * floor, 0.5 * scale)
+    Z = np.linalg.qr(np.concatenate([_krylov_basis(lambda X, e=e: apply(e, ref, X), n, 8, 4, i)
+                                     for i, e in enumerate((0.1, 1.0, 10.0))], 1))[0]
+    Gz, Az = Z.T @ Gc @ Z, At @ Z
+
+    def phi_ritz(eps, sig):
+        w = sig / (sig - g)
+        F = (1 + eps) * Gz + Az.T @ (w[:, None] * Az)
+        return float(np.linalg.eigvalsh((F + F.T) / 2)[-1])
+
+    def best_sigma(eps, phi, start=None):
+        c = (1 + 1 / eps) * delta * delta
+        lo, hi = floor, 2 * floor
+        for _ in range(200):  # phi is bounded as sigma grows: some hi has phi(hi) <= hi + c
+            if phi(eps, hi) <= hi + c:
+                break
+            lo, hi = hi, 2 * hi
+        sig = start if start is not None and lo < start < hi else hi
+        for _ in range(60):
+            val = phi(eps, sig)
+            if val <= sig + c:
+                hi = sig
+            else:
+                lo = sig
+            if hi - lo <= 1e-10 * hi:
+                break
+            nxt = val - c  # the fixed-point step (it alternates around the root), kept inside the bracket
+            sig = nxt if lo < nxt < hi else (lo + hi) / 2
+        return hi + c, hi
+
+    cache = {}
+
+    def value(t):  # t = log eps
+        if t not in cache:
+            cache[t] = best_sigma(math.exp(t), phi_ritz)
+        return cache[t][0]
+
+    lo, hi = math.log(0.01), math.log(100.0)
+    r = (math.sqrt(5) - 1) / 2
+    x1, x2 = hi - r * (hi - lo), lo + r * (hi - lo)
+    for _ in range(16):  # the interval shrinks to 0.05 % of log(1e4): eps within 0.5 % of the minimiser
+        if value(x1) <= value(x2):
+            hi, x2 = x2, x1
+            x1 = hi - r * (hi - lo)
+        else:
+            lo, x1 = x1, x2
+            x2 = lo + r * (hi - lo)
+    t = min(cache, key=lambda t: cache[t][0])
+    eps = math.exp(t)
+    return eps, best_sigma(eps, phi_full, start=cache[t][1])[1]
+
+
+def certify_block(A: _Approx, GC: _Approx, GB: _Approx, delta: float, eps: float, sigma: float):
+    """(tau certified with ||T||^2 <= tau, the value before padding) by Theorem D3 (proofs/S2.md) at the chosen
+    eps, sigma. With e1 = fl(1 + eps), r = fl(1/sigma) the exact matrix is K of eps' = e1 - 1 (exact) and
+    sigma' = 1/r; it is checked in the congruent form D K D, D = diag(I, s I) with s a power of two near
+    sqrt(tau) (exact scalings; both diagonal blocks of the scale of tau, as Rump's shift is one scalar):
+        [[fl(tau I - e1 GC), s A^T], [s A, s^2 fl(I - r GB)]],
+    whose distance to the exact one is <= err = err_TL + s e_A + s^2 err_BR (the parts' errors and two roundings per
+    entry of each diagonal block). D K D is positive definite when Cholesky of fl(. - err I) minus Rump's shift
+    completes (rounding.cholesky_certifies). tau >= sigma' + (1 + 1/eps') delta^2 rounded up; on failure sigma and
+    tau are padded tenfold from a start above the allowances."""
+    u = rounding.unit_roundoff(torch.float64)
+    e1 = 1.0 + eps
+    eps_x = e1 - 1.0  # exact (Sterbenz): the eps of the theorem
+    c_up = _up((delta * delta + delta * delta / eps_x) * (1 + 4 * u))
+    n = A.val.shape[0]
+    sq = math.sqrt(n) * (1 + 4 * u)
+    j = round(math.log2(_up(sigma + c_up)) / 2)  # s^2 ~ tau: Rump's shift (one scalar) fits both blocks
+    s, s2 = math.ldexp(1.0, j), math.ldexp(1.0, 2 * j)
+    fro_gc = e1 * GC.fro
+    TL = -(e1 * GC.val)
+    pad = None
+    for _ in range(CERTIFY_TRIES):
+        if pad is None:  # the first pad: above the allowances (relative), so that the first try usually passes
+            tau_first = _up(sigma + c_up)
+            err0 = e1 * GC.err + s * A.err + s2 * GB.err / sigma + 6 * u * (fro_gc + s2 * GB.fro / sigma + 2 * tau_first * sq)
+            pad = max(1e-12, 4 * (err0 + rounding.gamma(2 * n + 1) * (n * tau_first + n * s2)) / tau_first)
+        sig = sigma * (1 + pad)
+        r = 1.0 / sig
+        tau0 = _up(_up(1.0 / r) + c_up)  # >= sigma' + (1 + 1/eps') delta^2
+        tau = _up(tau0 * (1 + pad))
+        BR = -(r * GB.val)
+        BR.diagonal().add_(1.0)
+        err_tl = e1 * GC.err + 3 * u * (fro_gc + 2 * tau * sq)
+        err_br = r * GB.err + 3 * u * (r * GB.fro + 2 * sq)
+        err = _up(err_tl + s * A.err + s2 * err_br)
+        K = torch.cat([torch.cat([TL, s * A.val.T], 1), torch.cat([s * A.val, s2 * BR], 1)], 0)
+        K[:n, :n].diagonal().add_(tau)
+        K.neg_()  # exact
+        with sp.single_thread():
+            ok, _ = rounding.cholesky_certifies(K, torch.tensor(-err, dtype=torch.float64))
+        if bool(ok):
+            return tau, _up(sigma + c_up)
+        pad *= 10
+    raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
 
 
 def default_k(N: int, C: int) -> int:
@@ -266,6 +403,15 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     ev, Q = top_eigenvectors(TN, k)
     eta = orthonormality_defect(Q)
     delta = certify_delta(TN, tn_err, Q, float(ev[k]), c=max(float(ev[0]), 0.0))
+    e = q.log2_scale
+    if sp._scale_back(delta, e, up=False) >= mb.upper:
+        # Theorem D3's tau exceeds (1 + 1/eps) delta^2 > delta^2: it cannot beat the envelope's own majorant value
+        # (certified too), which is returned; the k C x k C blocks are not built
+        return DeflationBound(upper=mb.upper, estimate=mb.estimate, k=k, delta=sp._scale_back(delta, e, up=True),
+                              eps=math.nan, sigma=math.nan, seconds=time.perf_counter() - t0, margin=mb.margin,
+                              info=dict(majorant=mb.upper, eta=eta, envelope_rounds=mb.rounds, kC=k * C,
+                                        skipped="delta >= the envelope's majorant: k too small for this grid",
+                                        errors=dict(delta_envelope=tn_err)))
 
     blocks, kappa = token_blocks(q, H, W, Q, eta)
     P = head_projections(q)
@@ -280,58 +426,17 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
             GBr.append(_mm(P[h], P[g], tX=True))  # P_h^T P_g
     GC = _sym(_kron_sum(GCl, GCr, transpose_P=False))
     GB = _sym(_kron_sum(GBl, GBr, transpose_P=False))
-    ATA = _sym(_mm(A, A, tX=True))
-    u = rounding.unit_roundoff(torch.float64)
-    # W = fl(GB + w I) >= GB + rho I exactly: w covers GB's error, the diagonal's rounding and rho
-    rho = 1e-12 * GB.norm + 1e-300
-    wshift = _up((GB.err + rho) * (1 + 4 * u) + 4 * u * float(GB.val.diagonal().abs().max()))
-    Wm = GB.val + wshift * torch.eye(GB.val.shape[0], dtype=torch.float64)
-    Wa = _Approx(Wm, 0.0)  # the stored W is the W of the proof
-    AWA = _sym(_mm(A, _mm(Wa, A), tX=True))
-    with sp.single_thread():
-        est = torch.tensor(_lambda_max_estimate(GB.val), dtype=torch.float64)
-        beta = float(rounding.verified_lambda_max(GB.val, lam=est)) + GB.err  # lambda_max of the exact G_B
-    if not math.isfinite(beta):
-        raise ValueError("lambda_max of the leakage Gram matrix could not be certified: not certified")
-
-    # parameters: eps and xi on small grids, from eigenvalue estimates (any choice gives a valid bound)
-    best = (math.inf, None, None)
-    with sp.single_thread():
-        tau0 = _lambda_max_estimate(ATA.val + GC.val)  # ||T||^2 on U: the scale of tau
-        # a finer grid where the estimates are cheap (eigvalsh below 1500 dimensions), a coarser one beyond
-        fine = ATA.val.shape[0] <= 1500
-        for eps in (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0) if fine else (0.03, 0.1, 0.3, 1.0, 3.0):
-            F = ATA.val + (1 + eps) * GC.val
-            gam = (1 + 1 / eps) * delta ** 2
-            fs = (0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4) if fine else (0.1, 0.03, 0.01, 0.003, 0.001)
-            for xi in (1 / (f * tau0) for f in fs):
-                floor = beta + gam + 1 / xi
-                if floor >= best[0]:
-                    continue
-                val = max(floor, _lambda_max_estimate(F + xi * AWA.val))
-                if val < best[0]:
-                    best = (val, eps, xi)
-    tau_est, eps, xi = best
-    if eps is None:
-        raise ValueError("the deflated majorant found no admissible parameters: not certified")
-    # the stored S against the exact A^T A + (1 + eps) GC + xi A^T W A
-    S = _sym(_lincomb([(1.0, ATA), (1 + eps, GC), (xi, AWA)]))
-    with sp.single_thread():
-        tau_cert = float(rounding.verified_lambda_max(S.val, lam=torch.tensor(tau_est, dtype=torch.float64),
-                                                      tries=CERTIFY_TRIES))
-    if not math.isfinite(tau_cert):
-        raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
-    gam_up = _up((1 + 1 / eps) * delta * delta)
-    tau = max(_up(tau_cert + S.err), _up(beta + gam_up + 1 / xi))
+    eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
+    tau, tau_est = certify_block(A, GC, GB, delta, eps, sigma)
     margin_conv = q.conversion_error * q.magnitude()
+    u = rounding.unit_roundoff(torch.float64)
     upper_n = sp._finite(math.sqrt(tau) * (1 + 2 * u) + margin_conv, "deflated majorant bound")
-    e = q.log2_scale
     return DeflationBound(upper=sp._scale_back(upper_n, e, up=True),
                           estimate=sp._scale_back(math.sqrt(tau_est), e, up=False), k=k,
-                          delta=sp._scale_back(delta, e, up=True), eps=eps, xi=xi,
+                          delta=sp._scale_back(delta, e, up=True), eps=eps,
+                          sigma=sp._scale_back(sigma, 2 * e, up=False),
                           seconds=time.perf_counter() - t0,
                           margin=sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True),
                           info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta, envelope_rounds=mb.rounds,
-                                    beta=sp._scale_back(math.sqrt(beta), e, up=True),
-                                    errors=dict(S=S.err, GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
+                                    errors=dict(GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
                                     kC=k * C))

@@ -1013,7 +1013,7 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
         t, db = time.perf_counter(), deflated_bound(q, H, W, k=deflation_k)
         seconds["deflated"] = time.perf_counter() - t
         dval = db.upper  # already scaled back by q.log2_scale, as the majorant's
-        info["deflated"] = dict(value=dval, k=db.k, delta=db.delta, eps=db.eps, xi=db.xi,
+        info["deflated"] = dict(value=dval, k=db.k, delta=db.delta, eps=db.eps, sigma=db.sigma,
                                 gave_upper=dval < upper)
         method["deflated"] = (f"deflated majorant: exact on {db.k} token functions x C channels, majorant on the "
                               f"complement, Cholesky-certified")
