@@ -1,7 +1,7 @@
 """Exactness: every deterministic upper bound on Lip(SSoG) beside the exact norm, at ViT token grids.
 
 Writes docs/exactness.md, docs/figures/exactness_ratio.png and docs/data/exactness.json.
-    python experiments/exactness.py [--quick] [--grids 14 16 32 64] [--widths 48 192] [--seed 0] [--json PATH] [--docs DIR]
+    python experiments/exactness.py [--quick] [--grids 14 16 32 64] [--widths 48 192 384] [--seed 0] [--json PATH] [--docs DIR]
 The table is built by experiments/lipschitz.py:exactness_table.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def figure(rows):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, kk in zip(axes, ("init", "broad")):
         for key, label in METHODS:
-            for C, ls in ((48, "-"), (192, "--")):
+            for C, ls in ((48, "-"), (192, "--"), (384, ":")):
                 pts = sorted((r["grid"], r[f"{key}_ratio"]) for r in rows
                              if r["kernels"] == kk and r["C"] == C and r[f"{key}_ratio"] is not None)
                 if pts:
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="C = 48 on 14x14 and 16x16 only (a few minutes)")
     ap.add_argument("--grids", type=int, nargs="+", default=None, help="grid sizes n (default 14 16 32 64)")
-    ap.add_argument("--widths", type=int, nargs="+", default=None, help="channel counts C (default 48 192)")
+    ap.add_argument("--widths", type=int, nargs="+", default=None, help="channel counts C (default 48 192 384)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--docs", type=Path, default=None)
@@ -74,6 +74,11 @@ def main(argv=None) -> int:
             ok = "" if r["valid"][key] else " INVALID"
             cells.append(f"{r[key]:.6g} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
         table.append(cells)
+    ks = {}
+    for r in rows:
+        if r.get("deflated_k") is not None:
+            ks.setdefault(r["deflated_k"], []).append(f"C={r['C']} {r['grid']}x{r['grid']}")
+    k_text = "k = " + "; ".join(f"{k} at {', '.join(sorted(set(v)))}" for k, v in sorted(ks.items())) if ks else "k"
     gaps = [r["majorant_ratio"] - 1 for r in rows]
     ugaps = [r["upper_ratio"] - 1 for r in rows]
     slow = [r for r in rows if r["upper_seconds"] > 60]
@@ -86,8 +91,9 @@ def main(argv=None) -> int:
           "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (up to 32x32 the "
           "smaller of the deflated majorant, its envelope's own majorant value and the circulant embedding; beyond, "
           "the smaller of the Toeplitz majorant and the circulant embedding), the Toeplitz majorant (lipcheck.bounds.majorant), the deflated majorant "
-          "(lipcheck.bounds.deflation, k token functions handled exactly, k = 10 up to 16x16 and 41 (C=48) or 24 "
-          "(C=192) at 32x32; not run at 64x64, where the k it would need makes its k C x k C checks too large), all certified with rounding margins (proofs/S2.md), "
+          "(lipcheck.bounds.deflation, Theorem D3: k token functions handled exactly, " + k_text + "; not run at "
+          "64x64, where the k it would need makes its k C x k C checks too large; where its certified delta is above "
+          "its envelope's majorant it returns that majorant), all certified with rounding margins (proofs/S2.md), "
           "the (2H-1)x(2W-1) circulant embedding (certified), and an input-size-independent zero-padding bound in "
           "the style of Delattre et al. (2024): the truncated kernel's symbol on a fixed DFT grid, a Bernstein "
           "sampling factor and the tail (one value per layer, valid at every grid; a float64 baseline without "

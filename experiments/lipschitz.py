@@ -403,7 +403,7 @@ def exact_norm(p, H: int, W: int, steps: int = 300) -> tuple[float, str]:
     return float(spectral.apply_T(v, p).norm() / v.norm()), f"Lanczos ({k} steps)"
 
 
-def exactness_table(widths=(48, 192), grids=(14, 16, 32, 64), kernel_kinds=("init", "broad"), seed: int = 0,
+def exactness_table(widths=(48, 192, 384), grids=(14, 16, 32, 64), kernel_kinds=("init", "broad"), seed: int = 0,
                     progress: bool = True, deflate_max_grid: int = 32, deflation_k: int | None = None) -> list[dict]:
     """One row per layer and grid: exact, lipcheck lower, the Toeplitz majorant, the deflated majorant (grids up to
     deflate_max_grid), lipcheck's upper bound (the smallest certified one), the circulant embedding, the
