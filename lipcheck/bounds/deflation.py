@@ -340,7 +340,7 @@ def certify_block(A: _Approx, GC: _Approx, GB: _Approx, delta: float, eps: float
     whose distance to the exact one is <= err = err_TL + s e_A + s^2 err_BR (the parts' errors and two roundings per
     entry of each diagonal block). D K D is positive definite when Cholesky of fl(. - err I) minus Rump's shift
     completes (rounding.cholesky_certifies). tau >= sigma' + (1 + 1/eps') delta^2 rounded up; on failure sigma and
-    tau are padded tenfold from a start above the allowances."""
+    tau are padded tenfold from four Rump shifts (relative) until it passes."""
     u = rounding.unit_roundoff(torch.float64)
     e1 = 1.0 + eps
     eps_x = e1 - 1.0  # exact (Sterbenz): the eps of the theorem
@@ -353,10 +353,9 @@ def certify_block(A: _Approx, GC: _Approx, GB: _Approx, delta: float, eps: float
     TL = -(e1 * GC.val)
     pad = None
     for _ in range(CERTIFY_TRIES):
-        if pad is None:  # the first pad: above the allowances (relative), so that the first try usually passes
+        if pad is None:  # the first pad: four Rump shifts (relative); the check itself decides about err
             tau_first = _up(sigma + c_up)
-            err0 = e1 * GC.err + s * A.err + s2 * GB.err / sigma + 6 * u * (fro_gc + s2 * GB.fro / sigma + 2 * tau_first * sq)
-            pad = max(1e-12, 4 * (err0 + rounding.gamma(2 * n + 1) * (n * tau_first + n * s2)) / tau_first)
+            pad = max(1e-12, 4 * rounding.gamma(2 * n + 1) * (n * tau_first + n * s2) / tau_first)
         sig = sigma * (1 + pad)
         r = 1.0 / sig
         tau0 = _up(_up(1.0 / r) + c_up)  # >= sigma' + (1 + 1/eps') delta^2
