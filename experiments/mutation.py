@@ -95,6 +95,24 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/deflation.py", r"orthonormality_defect", r"rounding\.gamma\(k \* k - 4\)",
      "shrinks by 8u relative the rounding allowance of a computed Frobenius norm inside eta (~1e-13, itself "
      "covered many times by the 1e-8 allowances downstream): no float64 input can exhibit it; not equivalent"),
+    ("lipcheck/bounds/deflation.py", r"_kron_sum", r"rounding\.gamma\(len\(L\) - 2\)",
+     "shrinks by 4u relative the allowance for the Kronecker sum's rounding (test_kron_sum_covers_its_rounding "
+     "checks it against exact rationals; the actual error is orders below it): no float64 input can exhibit it; "
+     "not equivalent"),
+    ("lipcheck/bounds/deflation.py", r"_krylov_basis|choose_parameters",
+     r"range\(blocks [+-] \d\)|apply\(e, ref, X\), n, \d+, \d+, i\)|enumerate\(\(",
+     "parameter choice: another Krylov space for the eigenvalue estimates that choose eps (any eps > 0 gives a "
+     "certified bound, Theorem D3; test_block_certificate_is_theorem_d3 allows 1e-6 over the best of its grid)"),
+    ("lipcheck/bounds/deflation.py", r"certify_block", r"sq = math\.sqrt\(n\) \* \(1 \+ [5-9] \* u\)",
+     "loosens: a larger rounding allowance for the diagonal blocks (a true bound stays true)"),
+    ("lipcheck/bounds/deflation.py", r"token_blocks", r"rel \* fq \* \([2-9] \+ 4 \* eta\)",
+     "loosens: a larger allowance for K_h Q's rounding (a true bound stays true)"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound|default_k", r"\(k is None\) and False|max\(int\(C\), None\)",
+     "now killed by tests/test_deflation.py::test_default_k_rule_and_the_default_call (added after this run; "
+     "checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"GC = _sym\(_kron_sum\(GCl, GCr, transpose_P=True\)\)",
+     "now killed by tests/test_deflation.py::test_block_matrices_against_the_dense_operator (added after this "
+     "run; checked by hand)"),
     ("lipcheck/bounds/deflation.py", r"envelope_toeplitz", r"_no_nan\(t, \"",
      "message text only (the refusal itself is unchanged)"),
     ("lipcheck/bounds/lognorm.py", r"structured_lognorm", r"n1\.amax\(\+1\)",

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipcheck.bounds import deflation as df
-from test_majorant import axis, dense_norm, params, random_layer
+from test_majorant import axis, dense_norm, dense_T, params, random_layer
 
 FAST = dict(time_budget=600.0, max_rounds=4)  # stopped by rounds: the same result on any machine
 
@@ -284,3 +284,37 @@ def test_delta_above_the_majorant_returns_the_majorant(monkeypatch):
     monkeypatch.setattr(df, "token_blocks", lambda *a, **k: pytest.fail("blocks built"))
     b = df.deflated_bound(p, 5, 5, k=3, envelope=(TN, err, low))
     assert b.upper == low.upper and "skipped" in b.info and b.k == 3 and math.isnan(b.eps)
+
+
+@pytest.mark.parametrize("h,k", [(1, 3), (3, 4)])
+def test_block_matrices_against_the_dense_operator(h, k):
+    """A, GC, GB against their definitions from the dense T built here (SPEC's operator): with U = span(Q) kron R^C,
+    A = (Q kron I)^T T (Q kron I) and GC, GB the Gram matrices of (I - Q Q^T) kron I times T, T^T on U; each within
+    its declared error, and the error itself tiny."""
+    rng = np.random.default_rng(17 + h)
+    layer = random_layer(rng, h, 2, 2, 2.0, 2.5)
+    H, W = 4, 5
+    T = dense_T(*layer, H, W)
+    C = layer[3].shape[0]
+    Q = torch.linalg.qr(torch.tensor(rng.standard_normal((H * W, k))))[0]
+    eta = df.orthonormality_defect(Q)
+    A, GC, GB = df.block_matrices(params(*layer), H, W, Q, eta)
+    E = np.kron(Q.numpy(), np.eye(C))
+    Pp = np.kron(np.eye(H * W) - Q.numpy() @ Q.numpy().T, np.eye(C))
+    want = {"A": E.T @ T @ E, "GC": (Pp @ T @ E).T @ (Pp @ T @ E), "GB": (Pp @ T.T @ E).T @ (Pp @ T.T @ E)}
+    for name, got in (("A", A), ("GC", GC), ("GB", GB)):
+        diff = np.linalg.norm(got.val.numpy() - want[name], 2)
+        assert diff <= got.err and got.err <= 1e-9 * max(1.0, np.linalg.norm(want[name], 2)), name
+
+
+def test_default_k_rule_and_the_default_call():
+    """default_k: 10 up to 250 tokens, ceil(N / 25) beyond, capped near k C = 4608 (not below 10), below N; and
+    deflated_bound without k takes it (a 3 x 3 grid: k = N - 1 = 8, the bound within 1 % of the dense norm)."""
+    assert [df.default_k(n * n, 192) for n in (3, 14, 16, 32, 64)] == [8, 10, 11, 24, 24]
+    assert [df.default_k(1024, C) for C in (48, 384, 768)] == [41, 12, 10]
+    assert df.default_k(2, 1) == 1 and df.default_k(4096, 1) == 164
+    rng = np.random.default_rng(8)
+    layer = random_layer(rng, 2, 2, 2, 1.5, 2.0)
+    b = df.deflated_bound(params(*layer), 3, 3, **FAST)
+    exact = dense_norm(*layer, 3, 3)
+    assert b.k == 8 and exact * (1 - 1e-12) <= b.upper <= exact * 1.01

@@ -28,6 +28,11 @@ def axis(n, mu, sigma):
 
 def dense_norm(alpha, mu, sigma, WV, WO, H, W):
     """||T||_2 of T(X) = sum_h K_h X P_h from the SPEC definition: (N C) x (N C) matrix, numpy SVD."""
+    return np.linalg.norm(dense_T(alpha, mu, sigma, WV, WO, H, W), 2)
+
+
+def dense_T(alpha, mu, sigma, WV, WO, H, W):
+    """T(X) = sum_h K_h X P_h from the SPEC definition as an (N C) x (N C) matrix on row-major vec(X)."""
     h, M = alpha.shape
     C = WV.shape[0]
     d = C // h
@@ -39,7 +44,7 @@ def dense_norm(alpha, mu, sigma, WV, WO, H, W):
         P = WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :]
         # vec(X) row-major: (K X P)[n, c] = sum K[n, n'] X[n', c'] P[c', c]
         T += np.kron(K, P.T)
-    return np.linalg.norm(T, 2)
+    return T
 
 
 def params(alpha, mu, sigma, WV, WO):

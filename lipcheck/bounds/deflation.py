@@ -135,18 +135,9 @@ def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_bud
 
 def top_eigenvectors(TN: torch.Tensor, k: int):
     """(eigenvalues descending (k + 1,), Q (N, k) with orthonormal columns up to rounding): the top of T_N(s_up)."""
-    N = TN.shape[0]
     with sp.single_thread():
-        if N <= 2048:
-            ev, V = torch.linalg.eigh(TN)
-            ev, V = ev.flip(0)[:k + 1], V.flip(1)[:, :k]
-        else:
-            import numpy as np
-            from scipy.sparse.linalg import eigsh
-            w, V = eigsh(TN.cpu().numpy(), k=k + 1, which="LA", v0=np.ones(N))
-            order = np.argsort(w)[::-1]
-            ev = torch.as_tensor(w[order].copy(), dtype=TN.dtype)
-            V = torch.as_tensor(V[:, order[:k]].copy(), dtype=TN.dtype)
+        ev, V = torch.linalg.eigh(TN)
+        ev, V = ev.flip(0)[:k + 1], V.flip(1)[:, :k]
         Q = torch.linalg.qr(V)[0]
     return ev, Q
 
@@ -376,9 +367,29 @@ def certify_block(A: _Approx, GC: _Approx, GB: _Approx, delta: float, eps: float
     raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
 
 
+def block_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+    """(A, GC, GB) of Theorem D3 as _Approx for U = span(Q) kron R^C (Q's columns orthonormal up to eta), each
+    (k C x k C) with rows and columns (token function, channel): A = sum_h L_h kron P_h^T, GC = sum_{h,g}
+    (Z_h^T Z_g) kron (P_h P_g^T), GB = the same with the Zt of K_h^T and P_h^T P_g (proofs/S2.md, 'The matrices')."""
+    blocks, _ = token_blocks(q, H, W, Q, eta)
+    P = head_projections(q)
+    hh = range(q.num_heads)
+    A = _kron_sum([blocks[h]["K"][0] for h in hh], P, transpose_P=True)  # (Q^T T Q): [(i,c),(j,d)] = L_h[i,j] P_h[d,c]
+    GCl, GCr, GBl, GBr = [], [], [], []
+    for h in hh:
+        for g in hh:
+            GCl.append(_mm(blocks[h]["K"][1], blocks[g]["K"][1], tX=True))
+            GCr.append(_mm(P[h], P[g], tY=True))  # P_h P_g^T
+            GBl.append(_mm(blocks[h]["Kt"][1], blocks[g]["Kt"][1], tX=True))
+            GBr.append(_mm(P[h], P[g], tX=True))  # P_h^T P_g
+    GC = _sym(_kron_sum(GCl, GCr, transpose_P=False))
+    GB = _sym(_kron_sum(GBl, GBr, transpose_P=False))
+    return A, GC, GB
+
+
 def default_k(N: int, C: int) -> int:
     """Token functions for an N-token grid and C channels: the eigenvalues of T_N(s_up) above a level grow like N
-    (Szego), so k grows like N (10 up to 16 x 16, 41 at 32 x 32), capped (not below 10) so that the dense
+    (Szego), so k grows like N (10 up to 250 tokens, 41 at 32 x 32), capped (not below 10) so that the dense
     k C x k C checks stay near a 4608-dimensional matrix (under 60 s on 2 cores)."""
     return max(1, min(max(10, math.ceil(N / 25)), max(10, 4608 // max(int(C), 1)), N - 1))
 
@@ -412,19 +423,7 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
                                         skipped="delta >= the envelope's majorant: k too small for this grid",
                                         errors=dict(delta_envelope=tn_err)))
 
-    blocks, kappa = token_blocks(q, H, W, Q, eta)
-    P = head_projections(q)
-    hh = range(q.num_heads)
-    A = _kron_sum([blocks[h]["K"][0] for h in hh], P, transpose_P=True)  # (Q^T T Q): [(i,c),(j,d)] = L_h[i,j] P_h[d,c]
-    GCl, GCr, GBl, GBr = [], [], [], []
-    for h in hh:
-        for g in hh:
-            GCl.append(_mm(blocks[h]["K"][1], blocks[g]["K"][1], tX=True))
-            GCr.append(_mm(P[h], P[g], tY=True))  # P_h P_g^T
-            GBl.append(_mm(blocks[h]["Kt"][1], blocks[g]["Kt"][1], tX=True))
-            GBr.append(_mm(P[h], P[g], tX=True))  # P_h^T P_g
-    GC = _sym(_kron_sum(GCl, GCr, transpose_P=False))
-    GB = _sym(_kron_sum(GBl, GBr, transpose_P=False))
+    A, GC, GB = block_matrices(q, H, W, Q, eta)
     eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
     tau, tau_est = certify_block(A, GC, GB, delta, eps, sigma)
     margin_conv = q.conversion_error * q.magnitude()
