@@ -224,6 +224,7 @@ def test_block_certificate_is_theorem_d3(seed):
         return max(sig + (1 + 1 / eps) * delta ** 2, float(np.linalg.eigvalsh((1 + eps) * gc + (Y + Y.T) / 2)[-1]))
 
     eps, sig = df.choose_parameters(A.val, GC.val, GB.val, delta)
+    assert (eps, sig) == df.choose_parameters(A.val, GC.val, GB.val, delta)  # deterministic: seeded Krylov starts
     tau, tau_est = df.certify_block(A, GC, GB, delta, eps, sig)
     assert tau >= norm2
     assert theorem(eps, sig) * (1 - 1e-9) <= tau_est <= tau <= theorem(eps, sig) * (1 + 1e-6)
@@ -279,7 +280,7 @@ def test_delta_above_the_majorant_returns_the_majorant(monkeypatch):
     p = params(*layer)
     TN, err, mb = df.envelope_toeplitz(p, 5, 5, k=3, time_budget=600.0, max_rounds=2)
     full = df.deflated_bound(p, 5, 5, k=3, envelope=(TN, err, mb))
-    assert "skipped" not in full.info and full.upper < mb.upper
+    assert "skipped" not in full.info and full.upper < mb.upper and full.info["majorant"] == mb.upper
     low = dataclasses.replace(mb, upper=full.delta * 0.999)  # as if the majorant sat below delta
     monkeypatch.setattr(df, "token_blocks", lambda *a, **k: pytest.fail("blocks built"))
     b = df.deflated_bound(p, 5, 5, k=3, envelope=(TN, err, low))
