@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import spectral as sp
@@ -16,7 +17,6 @@ from . import spectral as sp
 def top_eigenvalue(matvec, n: int, v0) -> tuple[float, "np.ndarray"]:
     """(lambda_max, its eigenvector) of a symmetric operator given by matvec, by Lanczos from v0 (an estimate to
     choose parameters; never part of a bound)."""
-    import numpy as np
     from scipy.sparse.linalg import LinearOperator, eigsh
     if n <= 64:  # eigsh needs n > 1; small operators densely
         M = np.stack([matvec(e) for e in np.eye(n)], 1)
@@ -29,7 +29,6 @@ def top_eigenvalue(matvec, n: int, v0) -> tuple[float, "np.ndarray"]:
 def krylov_basis(apply, n: int, blocks: int, width: int, seed: int):
     """Orthonormal basis (n, <= blocks * width) of a block Krylov space of the symmetric operator `apply` (acting on
     n x width arrays) from a seeded random block: where the top eigenvectors of nearby operators live."""
-    import numpy as np
     X = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, width)))[0]
     basis = [X]
     for _ in range(blocks - 1):
@@ -51,7 +50,6 @@ def choose_parameters(A: torch.Tensor, GC: torch.Tensor, GB: torch.Tensor, delta
     block Krylov space of three reference operators (eps = 0.1, 1, 10: small dense problems), then sigma again at
     that eps with Lanczos on the full k C dimensions. sigma stays above lambda_max(GB) + 4 gb_err (GB's error
     bound) + 1e-9 ||T||^2, so that I - GB / sigma is positive definite with room for its errors."""
-    import numpy as np
     with sp.single_thread():
         g, V = torch.linalg.eigh(GB)
     g, At, Gc = g.numpy(), (V.T @ A).numpy(), GC.numpy()
