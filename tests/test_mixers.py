@@ -396,3 +396,32 @@ def test_cached_factors_serve_every_batch_size(mode):
         out = layer(x)
     ref = dense_reference(layer, x).detach()
     assert torch.allclose(out, ref, rtol=0, atol=1e-12 * (1 + float(ref.abs().max())))
+
+
+def test_projections_keep_their_hooks_and_replacements():
+    """The projections are applied as F.linear only while they are plain, hook-free nn.Linear layers: a forward hook
+    on v_proj (doubling the values), a global module hook and a parametrised o_proj (weight negated) all take effect,
+    checked against the dense definition."""
+    layer = random_ssog(6, 3, 2, seed=8)
+    x = torch.randn(2, 4, 5, 6, dtype=D, generator=torch.Generator().manual_seed(9))
+    b = layer.o_proj.bias.detach()
+    plain = layer(x).detach()
+    handle = layer.v_proj.register_forward_hook(lambda mod, inp, out: 2 * out)
+    assert torch.allclose(layer(x), 2 * (plain - b) + b, rtol=0, atol=1e-11)
+    handle.remove()
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, inp, out: seen.append(type(mod)))
+    try:
+        layer(x)
+    finally:
+        handle.remove()
+    assert seen.count(torch.nn.Linear) == 2
+
+    class Negate(torch.nn.Module):
+        def forward(self, w):
+            return -w
+
+    torch.nn.utils.parametrize.register_parametrization(layer.o_proj, "weight", Negate())
+    ref = dense_reference(layer, x).detach()
+    assert torch.allclose(layer(x), ref, rtol=0, atol=1e-11)
+    assert torch.allclose(ref, -(plain - b) + b, rtol=0, atol=1e-11)
