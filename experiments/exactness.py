@@ -80,7 +80,8 @@ def main(argv=None) -> int:
                 cells.append("not run")
                 continue
             ok = "" if r["valid"][key] else " INVALID"
-            cells.append(f"{r[key]:.6g} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
+            via = f" [{r['upper_method']}]" if key == "upper" and r.get("upper_method") else ""
+            cells.append(f"{r[key]:.6g}{via} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
         table.append(cells)
     ks = {}
     for r in rows:
@@ -96,9 +97,9 @@ def main(argv=None) -> int:
           "Layers: C channels, 3 heads, 4 Gaussian components, float64; `init` is the default initialisation, "
           "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]). Each cell: "
           "value (excess over exact, seconds). `exact` is a dense SVD where N C <= 4096, else Lanczos on T^T T "
-          "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (up to 32x32 the "
-          "smaller of the deflated majorant, its envelope's own majorant value and the circulant embedding; beyond, "
-          "the smaller of the Toeplitz majorant and the circulant embedding), the Toeplitz majorant (lipcheck.bounds.majorant), the deflated majorant "
+          "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (the smallest of its "
+          "certified bounds in the row: the Toeplitz majorant, up to 32x32 also the deflated majorant and its "
+          "envelope's own majorant value, and the circulant embedding; the method that gave it in brackets), the Toeplitz majorant (lipcheck.bounds.majorant), the deflated majorant "
           "(lipcheck.bounds.deflation, Theorem D3: k token functions handled exactly, " + k_text + "; not run at "
           "64x64, where the k it would need makes its k C x k C checks too large; where its certified delta is above "
           "its envelope's majorant it returns that majorant), all certified with rounding margins (proofs/S2.md), "
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
           "sampling factor and the tail (one value per layer, valid at every grid; a float64 baseline without "
           "rounding margins). Lower estimates: lipcheck's certified lower bound and 30 steps of power iteration. "
           "INVALID marks an upper value below exact or a lower value above it. Seconds of lipcheck upper: the "
-          "runs it takes together.", "",
+          "method that gave it plus the circulant embedding (which every row computes).", "",
           report.md_table(["layer", "grid", "exact"] + [lab for _, lab in METHODS], table), "",
           "![ratio to exact](figures/exactness_ratio.png)", "",
           f"lipcheck's deterministic upper bound over exact: {min(ugaps):.2%} to {max(ugaps):.2%}; "

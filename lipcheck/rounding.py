@@ -67,8 +67,27 @@ def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None
     c = rump_shift(dA.abs().sum(-1), n, u, S.dtype) + u * (mu.abs() + dS.abs().amax(-1))
     A = -S
     A.diagonal(dim1=-2, dim2=-1).copy_(dA - c[..., None])
-    _, info = torch.linalg.cholesky_ex(A)
-    return (info == 0) & torch.isfinite(c), mu * (1 + 2 * u)
+    return _cholesky_completes(A) & torch.isfinite(c), mu * (1 + 2 * u)
+
+
+def _cholesky_completes(A: torch.Tensor) -> torch.Tensor:
+    """Where fl-Cholesky of the symmetric matrices A (..., n, n), read from their lower triangles, runs to the end
+    (A is overwritten). On a CPU, LAPACK's potrf through scipy without clearing the other triangle: torch's
+    cholesky_ex zeroes it afterwards, a pass over the matrix that cost twice the factorisation of a 768 x 768 one.
+    The same factorisation either way (LAPACK's potrf); Rump's theorem holds for any order of its operations."""
+    if A.device.type != "cpu" or A.dtype not in (torch.float32, torch.float64) or A.shape[-1] == 0:
+        _, info = torch.linalg.cholesky_ex(A)
+        return info == 0
+    from scipy.linalg import lapack
+    potrf = lapack.dpotrf if A.dtype == torch.float64 else lapack.spotrf
+    n = A.shape[-1]
+    flat = A.reshape(-1, n, n)
+    ok = torch.empty(flat.shape[0], dtype=torch.bool)
+    for i in range(flat.shape[0]):
+        # the row-major lower triangle is the column-major upper one: A^T as a Fortran array, upper
+        _, info = potrf(flat[i].numpy().T, lower=0, clean=0, overwrite_a=1)
+        ok[i] = info == 0
+    return ok.reshape(A.shape[:-2])
 
 
 def verified_lambda_max(S: torch.Tensor, *, tries: int = 6, lam: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,15 +119,21 @@ def _real_gram(M: torch.Tensor):
     [[A, -B], [B, A]], the same eigenvalues twice), e_G >= ||G - M^* M||_2, F2 >= ||M||_F^2 (proofs/S2.md)."""
     m, n = M.shape[-2:]
     u = unit_roundoff(torch.float64)
-    F2 = M.abs().square().sum((-2, -1)) * (1 + gamma(m * n + 4, u))
+    # |z|^2 = re^2 + im^2: a sum of 2 m n squares (no square root per entry)
+    F2 = (torch.view_as_real(M.resolve_conj()) if M.is_complex() else M).square().sum((-3, -2, -1) if M.is_complex() else (-2, -1))
+    F2 = F2 * (1 + gamma(2 * m * n + 4, u))
     G = M.mH @ M
     G = (G + G.mH) / 2
     # |fl(x^* y) - x^* y| <= gamma_{m+2} |x|^T |y| (complex; Higham 3.6), one more rounding in the symmetrisation,
     # and underflow: <= 8 (m + 2) eta per entry; || |M|^T |M| ||_F <= ||M||_F^2
     eG = gamma(m + 4, u) * F2 + 8 * (m + 2) * n * _eta(torch.float64)
     if G.is_complex():
-        A, B = G.real, G.imag
-        G = torch.cat([torch.cat([A, -B], -1), torch.cat([B, A], -1)], -2)
+        E = G.new_empty(*G.shape[:-2], 2 * n, 2 * n, dtype=G.real.dtype)
+        E[..., :n, :n] = G.real
+        E[..., n:, n:] = G.real
+        E[..., n:, :n] = G.imag
+        torch.neg(G.imag, out=E[..., :n, n:])
+        G = E
     return G, G.shape[-1], eG, F2
 
 
@@ -126,13 +151,13 @@ def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 
     X = M.to(torch.complex128 if M.is_complex() else torch.float64)
     if X.shape[-2] < X.shape[-1]:
         X = X.mH  # ||M|| = ||M^*||: the Gram matrix on the smaller side
-    mx = float(X.abs().max())
+    mx = float((torch.view_as_real(X.resolve_conj()) if X.is_complex() else X).abs().max())  # largest |re|, |im|
     if not math.isfinite(mx):
         return torch.full(batch, math.inf, dtype=torch.float64, device=M.device)
     if mx == 0.0:
         return torch.zeros(batch, dtype=torch.float64, device=M.device)
     e = math.frexp(mx)[1]
-    X = X * (2.0 ** -(e // 2)) * (2.0 ** -(e - e // 2))  # max |X| in [1/2, 1)
+    X = X * (2.0 ** -(e // 2)) * (2.0 ** -(e - e // 2))  # largest |re|, |im| in [1/2, 1): entries below sqrt 2
     G, n, eG, F2 = _real_gram(X)
     u = unit_roundoff(torch.float64)
     def top(G):

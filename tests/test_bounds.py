@@ -622,6 +622,31 @@ def _symbol_matrix(p, c):
                for h in range(p.num_heads))
 
 
+def test_top_singular_guess_against_the_svd_and_at_breakdown():
+    """The anchors' Lanczos guess: at n = 160 (40 steps, a quarter of the space) s1 and the top singular vectors agree
+    with LAPACK's SVD, u1 = S v1 / s1 exactly, and s2 sits at or above the true second singular value by at most 2 % of
+    the gap; a rank-one matrix (the Krylov space closes after one step) and the zero matrix still give unit vectors
+    and the exact values."""
+    g = torch.Generator().manual_seed(12)
+    S = torch.complex(torch.randn(3, 160, 160, generator=g, dtype=F64), torch.randn(3, 160, 160, generator=g, dtype=F64))
+    S[:, :, 0] *= 4  # a clear top singular value, as the anchors' symbols have
+    s1, u1, v1, s2 = spectral.top_singular_guess(S)
+    U, s, Vh = torch.linalg.svd(S)
+    assert torch.allclose(s1, s[:, 0], rtol=1e-12, atol=0)
+    assert torch.allclose((Vh[:, 0, :] * v1).sum(-1).abs(), torch.ones(3, dtype=F64), rtol=0, atol=1e-10)
+    assert torch.allclose(u1 * s1[:, None], (S @ v1[..., None]).squeeze(-1), rtol=0, atol=1e-12)
+    assert bool((s2 >= s[:, 1] * (1 - 1e-9)).all()) and bool((s2 <= s[:, 1] + 0.021 * (s[:, 0] - s[:, 1])).all())
+    x = torch.randn(2, 7, 1, generator=g, dtype=F64).to(torch.complex128)
+    y = torch.randn(2, 1, 5, generator=g, dtype=F64).to(torch.complex128)
+    R = torch.cat([x @ y, torch.zeros(1, 7, 5, dtype=torch.complex128)])
+    s1, u1, v1, s2 = spectral.top_singular_guess(R)
+    ref = torch.linalg.vector_norm(x, dim=(1, 2)) * torch.linalg.vector_norm(y, dim=(1, 2))
+    assert torch.allclose(s1[:2], ref, rtol=1e-13, atol=0) and float(s1[2]) == 0.0
+    assert bool((s2 >= 0).all()) and bool((s2 <= 0.0201 * s1).all())  # true s2 = 0, raised by 2 % of the gap
+    assert torch.allclose(torch.linalg.vector_norm(u1, dim=-1), torch.ones(3, dtype=F64), rtol=0, atol=1e-13)
+    assert torch.allclose(torch.linalg.vector_norm(v1, dim=-1), torch.ones(3, dtype=F64), rtol=0, atol=1e-13)
+
+
 def test_anchor_verification_dominates_40_digit_residuals_even_for_wrong_guesses():
     g = torch.Generator().manual_seed(4)
     S = torch.complex(torch.randn(3, 4, 4, generator=g, dtype=F64), torch.randn(3, 4, 4, generator=g, dtype=F64))
@@ -648,19 +673,16 @@ def test_anchor_verification_dominates_40_digit_residuals_even_for_wrong_guesses
 
 
 def _lying_svd(monkeypatch, rel=1e-3):
-    """torch.linalg.svd as the spectral module sees it, with its top singular triple perturbed."""
-    real_svd = torch.linalg.svd
+    """The anchors' singular-triple guess (spectral.top_singular_guess), with its top triple perturbed and its s2
+    halved."""
+    real_guess = spectral.top_singular_guess
     g = torch.Generator().manual_seed(11)
 
-    def svd(A, *args, **kw):
-        U, s, Vh = real_svd(A, *args, **kw)
-        U, s, Vh = U.clone(), s.clone(), Vh.clone()
-        U[..., :, 0] += rel * torch.randn(U[..., :, 0].shape, generator=g, dtype=torch.float64).to(U.dtype)
-        s[..., 0] *= 1 - rel
-        if s.shape[-1] > 1:
-            s[..., 1] *= 0.5
-        return U, s, Vh
-    monkeypatch.setattr(spectral.torch.linalg, "svd", svd)
+    def guess(S, *args, **kw):
+        s1, u1, v1, s2 = (t.clone() for t in real_guess(S, *args, **kw))
+        u1 += rel * torch.randn(u1.shape, generator=g, dtype=torch.float64).to(u1.dtype)
+        return s1 * (1 - rel), u1, v1, s2 * 0.5
+    monkeypatch.setattr(spectral, "top_singular_guess", guess)
 
 
 @pytest.mark.parametrize("lie", [False, True])
@@ -1110,7 +1132,7 @@ def _mp_anchor_bound(sn, c, an, j):
 
 @pytest.mark.parametrize("lie", [False, True])
 def test_anchor_margins_are_the_formulas_of_proofs_S2(monkeypatch, lie):
-    """add_anchors' top = ||[[s1 + rho_r, rho_b], [rho_r, tau2]]|| (1 + gamma_8) and eS = gamma_{C+2} sum |c| F,
+    """add_anchors' top = ||[[s1 + rho_r, rho_b], [rho_r, tau2]]|| (1 + gamma_8) and eS = 2 gamma_{C+2} sum |c| F,
     and anchor_bound = min over anchors of min(2 x 2 bound (1 + gamma_16), (top + D)(1 + gamma_2)) + eS, all
     re-evaluated at 50 digits from the stored anchor quantities. The 2 x 2 bound is the smaller one near an anchor,
     where its margin 1 + gamma_16 (~ 1.8e-15) is well above the tolerance."""
@@ -1127,7 +1149,7 @@ def test_anchor_margins_are_the_formulas_of_proofs_S2(monkeypatch, lie):
         ref_top = _mp_two_by_two(*(mpmath.mpf(float(v)) for v in (an["s1"][j] + an["rho_r"][j], an["rho_b"][j],
                                                                      an["rho_r"][j], an["tau2"][j])))
         ref_top *= 1 + _mp_gamma(8, F64)
-        ref_eS = _mp_gamma(p.dim + 2, F64) * mpmath.fsum(abs(mpmath.mpc(complex(c0[j, k]))) * mpmath.mpf(float(sn.F[k]))
+        ref_eS = 2 * _mp_gamma(p.dim + 2, F64) * mpmath.fsum(abs(mpmath.mpc(complex(c0[j, k]))) * mpmath.mpf(float(sn.F[k]))
                                                          for k in range(p.num_heads))
         assert _close(an["top"][j], ref_top, 4e-16) and _close(an["eS"][j], ref_eS, 4e-16)
         assert _close(top[j], ref_top + ref_eS, 4e-16)
@@ -1191,7 +1213,7 @@ def test_anchor_verification_margins_are_the_formulas_of_proofs_S2():
         um, vm, s = [z(x) for x in u1[i]], [z(x) for x in v1[i]], mpmath.mpf(float(s1[i]))
         nu2, nv2 = mpmath.fsum(abs(x) ** 2 for x in um), mpmath.fsum(abs(x) ** 2 for x in vm)
         delta = abs(nu2 - 1) + abs(nv2 - 1) + g(2 * C + 4) * (nu2 + nv2)
-        SF = mpmath.sqrt(mpmath.fsum(abs(x) ** 2 for row in Sm for x in row)) * (1 + g(2 * C * C + 4))
+        SF = mpmath.sqrt(mpmath.fsum(abs(x) ** 2 for row in Sm for x in row)) * (1 + g(4 * C * C + 4))
         nu, nv = mpmath.sqrt(nu2 * (1 + g(2 * C + 4))), mpmath.sqrt(nv2 * (1 + g(2 * C + 4)))
         Rv = [mpmath.fsum(Sm[a][b] * vm[b] for b in range(C)) - s * um[a] for a in range(C)]
         Ru = [mpmath.fsum(mpmath.conj(Sm[b][a]) * um[b] for b in range(C)) - s * vm[a] for a in range(C)]

@@ -738,11 +738,11 @@ def test_cell_budget_initial_layout_and_a_callers_anchors():
     refinement round may take the cell count past max_cells (the round that would is not made); a SymbolNorm passed
     in is used as it is, so anchors it already holds count (and help) without being recomputed."""
     p, exact_of = _one_head_positive()
-    assert mj.toeplitz_majorant(p, 3, 4, max_rounds=0).cells == 8 * 16
+    assert mj.toeplitz_majorant(p, 3, 4, max_rounds=0).cells == 24 * 48
     assert mj.toeplitz_majorant(p, 3, 4, max_rounds=0, init_cells=6).cells == 3 * 6
-    capped = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, max_cells=600, split_per_round=64)
+    capped = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, max_cells=600, split_per_round=64, init_cells=16)
     assert capped.cells <= 600 and capped.upper >= exact_of(3, 4) * (1 - 1e-12)
-    free = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, split_per_round=64)
+    free = mj.toeplitz_majorant(p, 3, 4, rtol=1e-6, max_rounds=6, split_per_round=64, init_cells=16)
     assert free.cells > 600
     q = mj.sp.normalised(p)
     sn = mj.sp.SymbolNorm(q)

@@ -16,10 +16,10 @@ Bounds (all for the zero-padded, i.e. block-Toeplitz, operator):
 - gram: Gram iteration on the dense matrix when it fits.
 
 Maximising ||S(w)|| over many frequencies: S(w) = W_V diag(c_h(w) I_d) W_O depends on w only through the
-h numbers c_h(w). An exact SVD at an anchor w0 gives, for every other frequency w with Delta = S(w) - S(w0),
+h numbers c_h(w). The top singular triple at an anchor w0 (a Lanczos guess, verified) gives, for every other frequency w with Delta = S(w) - S(w0),
 the certified bound || [[|s1 + a|, |b|], [|c|, s2 + ||Delta||]] ||_2 (a = u1^* Delta v1, b = u1^* Delta
 restricted to v1-perp, c likewise): second order in w - w0, and O(h^2) per frequency. Branch and bound
-with these anchors needs few SVDs even for C = 768.
+with these anchors needs few of them even for C = 768.
 """
 from __future__ import annotations
 
@@ -386,9 +386,67 @@ def two_by_two_norm(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor, s: torch.
     return (torch.hypot(p + s, q - r) + torch.hypot(p - s, q + r)) / 2
 
 
+def top_singular_guess(S: torch.Tensor, steps: int = 40):
+    """Guesses (s1, u1, v1, s2) of the top singular triple and the second singular value of each matrix of S (k, m, n):
+    Lanczos on S^* S with full reorthogonalisation, batched over k, `steps` matrix-vector pairs (all n when n <=
+    steps, where the Krylov space is the whole space and the values are exact up to rounding). A full SVD costs
+    O(n^3) (46 ms at n = 384); this O(steps n^2). Only guesses: anchor_verification proves what they give. u1 is
+    S v1 / ||S v1|| and s1 = ||S v1||, so the residual S v^ - s1 u^ is rounding only and the anchor's excess over
+    ||S|| is second order in v1's error (its other residual enters the 2 x 2 bound squared). s2 is the second
+    Ritz value raised by 2 % of the gap to s1: a Ritz value lies below the eigenvalue it approximates, and a guess
+    below ||S - s1 u1 v1^*|| only costs norm2_upper a retry."""
+    k, m, n = S.shape
+    steps = min(steps, n)
+    dt = S.dtype
+    real = S.real.dtype
+    V = torch.zeros(k, steps, n, dtype=dt, device=S.device)
+    v = torch.ones(k, n, dtype=dt, device=S.device) + 0.01 * torch.sin(torch.arange(n, dtype=real, device=S.device))
+    v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    alphas = torch.zeros(k, steps, dtype=real, device=S.device)
+    betas = torch.zeros(k, max(steps - 1, 0), dtype=real, device=S.device)
+    eye = torch.eye(n, dtype=dt, device=S.device)
+    for j in range(steps):
+        V[:, j] = v
+        # S^* (S v) as ((S v)^* S)^*: a row times S, so S is never copied into its conjugate transpose
+        w = ((S @ v[..., None]).mH @ S).squeeze(-2).conj()
+        alphas[:, j] = torch.einsum("kn,kn->k", v.conj(), w).real
+        for _ in range(2):  # full reorthogonalisation, twice (Kahan)
+            w = w - torch.einsum("kjn,kj->kn", V[:, :j + 1], torch.einsum("kjn,kn->kj", V[:, :j + 1].conj(), w))
+        if j + 1 == steps:
+            break
+        b = torch.linalg.vector_norm(w, dim=-1)
+        scale = alphas[:, :j + 1].abs().amax(-1)
+        dead = b <= 1e-12 * scale  # an invariant subspace: go on with a fresh direction (beta = 0 there)
+        if bool(dead.any()):
+            fresh = eye[j % n].expand(k, n).clone()
+            for _ in range(2):
+                fresh = fresh - torch.einsum("kjn,kj->kn", V[:, :j + 1],
+                                             torch.einsum("kjn,kn->kj", V[:, :j + 1].conj(), fresh))
+            fresh = fresh / torch.linalg.vector_norm(fresh, dim=-1, keepdim=True).clamp_min(torch.finfo(real).tiny)
+            w = torch.where(dead[:, None], fresh, w / torch.where(dead, torch.ones_like(b), b)[:, None])
+            b = torch.where(dead, torch.zeros_like(b), b)
+        else:
+            w = w / b[:, None]
+        betas[:, j] = b
+        v = w
+    T = torch.diag_embed(alphas) + torch.diag_embed(betas, 1) + torch.diag_embed(betas, -1)
+    with single_thread():
+        theta, Z = torch.linalg.eigh(T)
+    v1 = torch.einsum("kj,kjn->kn", Z[:, :, -1].to(dt), V)
+    Sv = (S @ v1[..., None]).squeeze(-1)
+    s1 = torch.linalg.vector_norm(Sv, dim=-1)
+    e0 = torch.zeros(m, dtype=dt, device=S.device)
+    e0[0] = 1
+    # S v1 = 0 (a zero symbol): any unit vector is a top left singular vector
+    u1 = torch.where((s1 > 0)[:, None], Sv / torch.where(s1 > 0, s1, torch.ones_like(s1))[:, None], e0)
+    r2 = theta[:, -2].clamp_min(0).sqrt() if steps > 1 else torch.zeros_like(s1)
+    s2 = torch.minimum(r2 + 0.02 * (s1 - r2).clamp_min(0), s1)
+    return s1, u1, v1, s2
+
+
 def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1: torch.Tensor,
                         s2: torch.Tensor) -> dict:
-    """What an SVD guess (s1, u1, v1, s2) of the stored matrices S (k, C, C) proves, in float64 (proofs/S2.md):
+    """What a guess (s1, u1, v1, s2) of the top singular triple and second singular value of the stored matrices S (k, C, C) proves, in float64 (proofs/S2.md):
 
     delta >= |1 - ||u1||| + |1 - ||v1|||, rho_r >= ||S v^ - s1 u^||, rho_b >= ||S^* u^ - s1 v^|| (u^ = u1 / ||u1||,
     v^ = v1 / ||v1||), tau2 >= ||S - s1 u1 v1^*|| >= ||U2^* S V2|| for orthonormal completions U2 of u^, V2 of v^
@@ -400,10 +458,10 @@ def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1:
     nu2, nv2 = u1.abs().square().sum(-1), v1.abs().square().sum(-1)
     delta = (nu2 - 1).abs() + (nv2 - 1).abs() + g(2 * C + 4) * (nu2 + nv2)
     delta = torch.where(delta < 0.1, delta, torch.full_like(delta, math.inf))
-    SF = S.abs().square().sum((-2, -1)).sqrt() * (1 + g(2 * C * C + 4))
+    SF = torch.view_as_real(S).square().sum((-3, -2, -1)).sqrt() * (1 + g(4 * C * C + 4))  # 2 C^2 squares
     nu, nv = (nu2 * (1 + g(2 * C + 4))).sqrt(), (nv2 * (1 + g(2 * C + 4))).sqrt()  # >= ||u1||, ||v1||
     Rv = (S @ v1[..., None]).squeeze(-1) - s1[:, None] * u1
-    Ru = (S.mH @ u1[..., None]).squeeze(-1) - s1[:, None] * v1
+    Ru = (u1.conj()[:, None, :] @ S).squeeze(-2).conj() - s1[:, None] * v1  # S^* u1 without copying S^*
     # |fl(S v - s1 u) - (S v - s1 u)| <= gamma_{C+4} (|S| |v| + s1 |u|): in norm <= gamma_{C+4} (||S||_F ||v|| + s1 ||u||)
     err = g(C + 4) * (SF * torch.maximum(nu, nv) + s1 * torch.maximum(nu, nv))
     norm_up = lambda x: x.abs().square().sum(-1).sqrt() * (1 + g(2 * C + 4))  # noqa: E731
@@ -447,9 +505,13 @@ class SymbolNorm:
         self.num_svd = 0
 
     def matrix(self, c: torch.Tensor) -> torch.Tensor:
-        """S for a batch of coefficient vectors c (k, h): (k, C, C)."""
+        """S for a batch of coefficient vectors c (k, h): (k, C, C). W_V and W_O are real: the real and imaginary
+        parts are two real products (half the multiply-adds of one complex product), each entry an inner product
+        of length C with terms W_V Re(c_h) W_O (or Im): error <= gamma_{C+2} sum_h |c_h| |W_V,h| |W_O,h| per part."""
         scale = c.to(self.cdt).repeat_interleave(self.d, dim=-1)  # (k, C)
-        return (self.WV[None] * scale[:, None, :]) @ self.WO[None]
+        WV, WO = self.WV.real, self.WO.real
+        parts = (WV[None] * torch.cat([scale.real, scale.imag])[:, None, :]) @ WO[None]  # (2k, C, C)
+        return torch.complex(*parts.split(c.shape[0]))
 
     def delta_norm(self, dc: torch.Tensor) -> torch.Tensor:
         """Certified ||sum_h dc_h P_h||: the smaller of the triangle bound and ||W_V|| max|dc| ||W_O||."""
@@ -460,17 +522,16 @@ class SymbolNorm:
         return self.delta_norm(c)
 
     def add_anchors(self, c: torch.Tensor) -> torch.Tensor:
-        """SVDs at coefficient vectors c (k, h); stores what the anchor bound needs; returns a certified upper
-        bound on f(c) (k,). The SVD's output is only a guess: with u1, v1 its top singular vectors as stored,
+        """Anchors at coefficient vectors c (k, h); stores what the anchor bound needs; returns a certified upper
+        bound on f(c) (k,). `top_singular_guess`'s output is only a guess: with u1, v1 its top singular vectors,
         the residuals rho_r >= ||S v^ - s1 u^||, rho_b >= ||S^* u^ - s1 v^|| (u^ = u1 / ||u1||, v^ likewise) and
         tau2 >= ||S - s1 u1 v1^*|| (verified by Cholesky) bound S in the basis (u^, u^-perp), (v^, v^-perp):
-        ||S|| <= ||[[s1 + rho_r, rho_b], [rho_r, tau2]]||. S itself was formed with error <= gamma_{C+2}
-        sum_h |c_h| F_h (eS). proofs/S2.md, 'anchor bound'."""
+        ||S|| <= ||[[s1 + rho_r, rho_b], [rho_r, tau2]]||. S itself was formed with error <= 2 gamma_{C+2}
+        sum_h |c_h| F_h (eS; real and imaginary parts). proofs/S2.md, 'anchor bound'."""
         S = self.matrix(c)
         with single_thread():
-            U, s, Vh = torch.linalg.svd(S)
+            s1, u1, v1, s2 = top_singular_guess(S)  # S v1 ~ s1 u1
         self.num_svd += c.shape[0]
-        u1, v1 = U[..., :, 0], Vh[..., 0, :].conj()  # S v1 ~ s1 u1
         d = self.d
         # rows u1^* P_h and columns P_h v1, via the head blocks of W_V and W_O
         uWV = (u1.conj()[:, None, :] @ self.WV[None]).squeeze(1)  # (k, C)
@@ -482,9 +543,9 @@ class SymbolNorm:
         t = torch.einsum("khc,kc->kh", rows, v1)  # u1^* P_h v1
         Gu = torch.einsum("kac,kbc->kab", rows, rows.conj())  # <row_a, row_b>
         Gv = torch.einsum("kac,kbc->kab", cols.conj(), cols)
-        s1, s2 = s[:, 0], (s[:, 1] if s.shape[1] > 1 else torch.zeros_like(s[:, 0]))
         v = anchor_verification(S, s1, u1, v1, s2)
-        eS = self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
+        # real and imaginary parts each err by <= gamma_{C+2} sum_h |c_h| F_h in Frobenius norm (matrix)
+        eS = 2 * self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
         top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8))
         new = dict(c=c.to(self.cdt), s1=s1, t=t, Gu=Gu, Gv=Gv, eS=eS, top=top, **v)
         self.anchors.append(new)
