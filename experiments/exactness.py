@@ -44,8 +44,8 @@ def figure(rows):
         ax.set_title(f"{kk} kernels")
     axes[0].set_ylabel("bound / exact")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.22, 1, 1))  # the legend (up to 21 entries) below the x labels
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, bbox_to_anchor=(0.5, 0.025))
+    fig.tight_layout(rect=(0, 0.25, 1, 1))  # the legend (up to 21 entries) below the x labels, above the stamp
     return fig
 
 
