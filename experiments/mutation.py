@@ -875,6 +875,47 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/majorant.py", r"toeplitz_majorant", r"len\(history\) > 5",
      "costs one round only: the stall test fires one round later; every stopping point gives a certified bound "
      "(toeplitz_majorant's docstring), so no true-bound test sees it"),
+    # seed-34 sample (spectral and rounding after the anchors' Lanczos guess and the LAPACK Cholesky path)
+    ("lipcheck/bounds/spectral.py", r"_resolution_free", r"max\(5, min\(64, int\(1e8",
+     "efficiency only: the number of anchors per round; each anchor's bound is certified"),
+    ("lipcheck/bounds/spectral.py", r"_resolution_free", r"\(ub - cb\) >= best \* rtol / 2",
+     "efficiency only: which cells are split (a tie at exactly rtol/2 splits too); any set of cells gives a certified "
+     "bound"),
+    ("lipcheck/bounds/spectral.py", r"certified_max_points", r"best, arg = -1\.0, 1",
+     "equivalent: every symbol norm is >= 0 > -1, so the first anchor's index replaces arg before it is read"),
+    ("lipcheck/bounds/spectral.py", r"gram_bound", r"\* \(1 \+ g\(5\)\)",
+     "loosens: a larger rounding allowance (gamma_5 for gamma_4)"),
+    ("lipcheck/bounds/spectral.py", r"gram_bound", r"/ \(1 \+ g\(6\)\)|tF \*\* 3",
+     "shrinks (or scales by ||T||_F ~ 1) a rounding allowance of Gram iteration of a few u relative: the tests' "
+     "exact values sit further below the bound than that, so no float64 input here exhibits it; not equivalent"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"gave_upper=None",
+     "report field only (info['majorant']['gave_upper']): no bound reads it"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r"deflated_bound\(q, H, None",
+     "outside the group's test selection (tests/test_bounds.py): tests/test_deflation.py::"
+     "test_ssog_lipschitz_takes_the_deflated_bound calls ssog_lipschitz(deflated=True), where W=None raises"),
+    ("lipcheck/bounds/spectral.py", r"top_singular_guess", r"dtype=dt, \)",
+     "equivalent on a CPU-only machine: device=None is the default (CPU) device, where S is"),
+    ("lipcheck/bounds/spectral.py", r"top_singular_guess", r"if steps > 2 else",
+     "efficiency only: for n = 2 the s2 guess becomes 0, below ||S - s1 u1 v1^*||; norm2_upper's check fails once "
+     "and retries with the eigensolver's value: the same certified tau2"),
+    ("lipcheck/bounds/spectral.py", r"truncated_symbols", r"k\[None, :\]\.to\(None\)",
+     "equivalent in float64 (the phases are complex128 either way); a float32 layer would get complex128 phases, "
+     "more accurate than the complex64 ones its allowance covers"),
+    ("lipcheck/rounding.py", r"_cholesky_completes", r'"XXcpuXX"|"CPU"',
+     "equivalent in outcome: every check then goes through torch.linalg.cholesky_ex, the same LAPACK factorisation "
+     "(slower: it clears the other triangle)"),
+    ("lipcheck/rounding.py", r"_cholesky_completes", r"and A\.shape\[-1\] == 0",
+     "reached only by empty matrices or dtypes other than float32/float64, which no caller passes (norm2_upper returns "
+     "early on empty ones; every certificate is float32 or float64)"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"cholesky_certifies\(G, lam \+ pad, None\)",
+     "equivalent: u=None means unit_roundoff(G.dtype), float64's, the u passed"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"gamma\(n \+ 1, \)",
+     "equivalent: gamma's default unit roundoff is float64's, the u passed"),
+    ("lipcheck/rounding.py", r"rump_shift", r"if not gn <= 0\.5",
+     "equivalent: gamma_{n+1} = 1/2 exactly needs n + 1 = 1 / (3 u), about 3e15 rows in float64 (5.6e6 in float32, "
+     "is still beyond any matrix checked here)"),
+    ("lipcheck/rounding.py", r"verified_lambda_max", r"n = S\.shape\[\+1\]",
+     "equivalent: S is square with at most one batch dimension at every caller, so shape[1] is n"),
 ]
 
 
