@@ -70,12 +70,17 @@ def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None
     return _cholesky_completes(A) & torch.isfinite(c), mu * (1 + 2 * u)
 
 
+LAPACK_MIN_N = 256  # from this order on, Cholesky checks call LAPACK directly (_cholesky_completes)
+
+
 def _cholesky_completes(A: torch.Tensor) -> torch.Tensor:
     """Where fl-Cholesky of the symmetric matrices A (..., n, n), read from their lower triangles, runs to the end
     (A is overwritten). On a CPU, LAPACK's potrf through scipy without clearing the other triangle: torch's
     cholesky_ex zeroes it afterwards, a pass over the matrix that cost twice the factorisation of a 768 x 768 one.
     The same factorisation either way (LAPACK's potrf); Rump's theorem holds for any order of its operations."""
-    if A.device.type != "cpu" or A.dtype not in (torch.float32, torch.float64) or A.shape[-1] == 0:
+    # small matrices (batches of thousands in the log-norm certificates) stay with torch's batched call: there the
+    # clearing costs little and a Python loop over scipy calls would cost more
+    if (A.device.type != "cpu" or A.dtype not in (torch.float32, torch.float64) or A.shape[-1] < LAPACK_MIN_N):
         _, info = torch.linalg.cholesky_ex(A)
         return info == 0
     from scipy.linalg import lapack
