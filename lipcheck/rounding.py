@@ -67,7 +67,10 @@ def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None
     c = rump_shift(dA.abs().sum(-1), n, u, S.dtype) + u * (mu.abs() + dS.abs().amax(-1))
     A = -S
     A.diagonal(dim1=-2, dim2=-1).copy_(dA - c[..., None])
-    return _cholesky_completes(A) & torch.isfinite(c), mu * (1 + 2 * u)
+    # NaN/inf anywhere refuses: an optimised potrf need not test its pivots for NaN (a NaN off the diagonal of an
+    # order-300 matrix passed LAPACK's check as called through scipy)
+    finite = torch.isfinite(A).flatten(-2).all(-1) & torch.isfinite(c)
+    return _cholesky_completes(A) & finite, mu * (1 + 2 * u)
 
 
 LAPACK_MIN_N = 256  # from this order on, Cholesky checks call LAPACK directly (_cholesky_completes)
@@ -119,14 +122,20 @@ def verified_lambda_max(S: torch.Tensor, *, tries: int = 6, lam: torch.Tensor | 
     return out
 
 
+def sum_of_squares(M: torch.Tensor) -> torch.Tensor:
+    """fl(sum |M_ij|^2) over the last two axes as the sum of (Re M_ij)^2 + (Im M_ij)^2: 2 m n squares for complex M
+    (m n for real), no square root per entry; within gamma_{2mn} relative of the exact sum (proofs/S2.md)."""
+    if M.is_complex():
+        return torch.view_as_real(M.resolve_conj()).square().sum((-3, -2, -1))
+    return M.square().sum((-2, -1))
+
+
 def _real_gram(M: torch.Tensor):
     """(G, n', e_G, F2): G = sym(fl(M^* M)) as a real symmetric n' x n' matrix (complex G = A + iB embedded as
     [[A, -B], [B, A]], the same eigenvalues twice), e_G >= ||G - M^* M||_2, F2 >= ||M||_F^2 (proofs/S2.md)."""
     m, n = M.shape[-2:]
     u = unit_roundoff(torch.float64)
-    # |z|^2 = re^2 + im^2: a sum of 2 m n squares (no square root per entry)
-    F2 = (torch.view_as_real(M.resolve_conj()) if M.is_complex() else M).square().sum((-3, -2, -1) if M.is_complex() else (-2, -1))
-    F2 = F2 * (1 + gamma(2 * m * n + 4, u))
+    F2 = sum_of_squares(M) * (1 + gamma(2 * m * n + 4, u))
     G = M.mH @ M
     G = (G + G.mH) / 2
     # |fl(x^* y) - x^* y| <= gamma_{m+2} |x|^T |y| (complex; Higham 3.6), one more rounding in the symmetrisation,

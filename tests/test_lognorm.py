@@ -363,3 +363,28 @@ def test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64(
                     (torch.full((1, 2, 2), float("nan")), torch.full((1,), math.inf))):
         got = rounding.norm2_upper(M)
         assert got.dtype == torch.float64 and torch.equal(got, want.double())
+
+
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan(dt):
+    """Order 300 (LAPACK's potrf called directly, from rounding.LAPACK_MIN_N on): S = Q diag(lam) Q^T with
+    lam_max = 1 exactly known; cholesky_certifies proves lambda_max < mu for mu = 1 + gap and refuses mu = 1 - gap,
+    in agreement with torch's cholesky_ex path on the same matrices; a NaN off the diagonal is refused."""
+    n = 300
+    assert n >= rounding.LAPACK_MIN_N
+    g = torch.Generator().manual_seed(3)
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    lam = torch.linspace(-2.0, 1.0, n, dtype=torch.float64)
+    S = ((Q * lam) @ Q.T).to(dt)
+    S = (S + S.T) / 2
+    gap = 1e-3 if dt == torch.float64 else 5e-2  # above Rump's shift (~ n^2 u: 8e-3 in float32 at n = 300)
+    mus = torch.tensor([1 + gap, 1 - gap], dtype=dt)
+    ok, _ = rounding.cholesky_certifies(torch.stack([S, S]), mus)
+    assert ok.tolist() == [True, False]
+    A = -torch.stack([S, S])
+    A.diagonal(dim1=-2, dim2=-1).add_(mus[:, None])
+    assert torch.linalg.cholesky_ex(A).info.eq(0).tolist() == [True, False]
+    bad = S.clone()
+    bad[7, 3] = bad[3, 7] = float("nan")
+    ok, _ = rounding.cholesky_certifies(bad[None], mus[:1])
+    assert ok.tolist() == [False]

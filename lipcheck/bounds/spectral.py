@@ -405,23 +405,25 @@ def top_singular_guess(S: torch.Tensor, steps: int = 40):
     alphas = torch.zeros(k, steps, dtype=real, device=S.device)
     betas = torch.zeros(k, max(steps - 1, 0), dtype=real, device=S.device)
     eye = torch.eye(n, dtype=dt, device=S.device)
+
+    def orthogonalise(x, j):  # against V[:, :j + 1], twice (Kahan: twice is enough)
+        for _ in range(2):
+            x = x - torch.einsum("kjn,kj->kn", V[:, :j + 1], torch.einsum("kjn,kn->kj", V[:, :j + 1].conj(), x))
+        return x
+
     for j in range(steps):
         V[:, j] = v
         # S^* (S v) as ((S v)^* S)^*: a row times S, so S is never copied into its conjugate transpose
         w = ((S @ v[..., None]).mH @ S).squeeze(-2).conj()
         alphas[:, j] = torch.einsum("kn,kn->k", v.conj(), w).real
-        for _ in range(2):  # full reorthogonalisation, twice (Kahan)
-            w = w - torch.einsum("kjn,kj->kn", V[:, :j + 1], torch.einsum("kjn,kn->kj", V[:, :j + 1].conj(), w))
+        w = orthogonalise(w, j)  # full reorthogonalisation
         if j + 1 == steps:
             break
         b = torch.linalg.vector_norm(w, dim=-1)
         scale = alphas[:, :j + 1].abs().amax(-1)
         dead = b <= 1e-12 * scale  # an invariant subspace: go on with a fresh direction (beta = 0 there)
         if bool(dead.any()):
-            fresh = eye[j % n].expand(k, n).clone()
-            for _ in range(2):
-                fresh = fresh - torch.einsum("kjn,kj->kn", V[:, :j + 1],
-                                             torch.einsum("kjn,kn->kj", V[:, :j + 1].conj(), fresh))
+            fresh = orthogonalise(eye[j % n].expand(k, n), j)
             fresh = fresh / torch.linalg.vector_norm(fresh, dim=-1, keepdim=True).clamp_min(torch.finfo(real).tiny)
             w = torch.where(dead[:, None], fresh, w / torch.where(dead, torch.ones_like(b), b)[:, None])
             b = torch.where(dead, torch.zeros_like(b), b)
@@ -458,7 +460,7 @@ def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1:
     nu2, nv2 = u1.abs().square().sum(-1), v1.abs().square().sum(-1)
     delta = (nu2 - 1).abs() + (nv2 - 1).abs() + g(2 * C + 4) * (nu2 + nv2)
     delta = torch.where(delta < 0.1, delta, torch.full_like(delta, math.inf))
-    SF = torch.view_as_real(S).square().sum((-3, -2, -1)).sqrt() * (1 + g(4 * C * C + 4))  # 2 C^2 squares
+    SF = rounding.sum_of_squares(S).sqrt() * (1 + g(4 * C * C + 4))  # 2 C^2 squares
     nu, nv = (nu2 * (1 + g(2 * C + 4))).sqrt(), (nv2 * (1 + g(2 * C + 4))).sqrt()  # >= ||u1||, ||v1||
     Rv = (S @ v1[..., None]).squeeze(-1) - s1[:, None] * u1
     Ru = (u1.conj()[:, None, :] @ S).squeeze(-2).conj() - s1[:, None] * v1  # S^* u1 without copying S^*
