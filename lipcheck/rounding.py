@@ -74,6 +74,9 @@ def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None
 
 
 LAPACK_MIN_N = 256  # from this order on, Cholesky checks call LAPACK directly (_cholesky_completes)
+# ... up to this order: scipy's bundled OpenBLAS (32-bit indices) segfaulted in dpotrf at order 16000 and above
+# (measured: 15000 completes); beyond, torch's cholesky_ex (its own LAPACK) takes the matrix
+LAPACK_MAX_N = 11585  # n^2 <= 2^27 elements (1 GiB in float64)
 
 
 def _cholesky_completes(A: torch.Tensor) -> torch.Tensor:
@@ -83,7 +86,8 @@ def _cholesky_completes(A: torch.Tensor) -> torch.Tensor:
     The same factorisation either way (LAPACK's potrf); Rump's theorem holds for any order of its operations."""
     # small matrices (batches of thousands in the log-norm certificates) stay with torch's batched call: there the
     # clearing costs little and a Python loop over scipy calls would cost more
-    if (A.device.type != "cpu" or A.dtype not in (torch.float32, torch.float64) or A.shape[-1] < LAPACK_MIN_N):
+    if (A.device.type != "cpu" or A.dtype not in (torch.float32, torch.float64)
+            or not LAPACK_MIN_N <= A.shape[-1] <= LAPACK_MAX_N):
         _, info = torch.linalg.cholesky_ex(A)
         return info == 0
     from scipy.linalg import lapack

@@ -388,3 +388,24 @@ def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan
     bad[7, 3] = bad[3, 7] = float("nan")
     ok, _ = rounding.cholesky_certifies(bad[None], mus[:1])
     assert ok.tolist() == [False]
+
+
+def test_cholesky_check_beyond_lapack_max_order_stays_with_torch(monkeypatch):
+    """scipy's bundled OpenBLAS segfaulted in dpotrf from order 16000 on: above rounding.LAPACK_MAX_N the check must
+    not call it (here the bound is lowered to 299 and scipy's potrf made to fail loudly), and torch's path gives the
+    answer known from the eigenvalues (lambda_max = 1)."""
+    from scipy.linalg import lapack
+
+    def refuse(*a, **k):
+        raise AssertionError("scipy potrf called above LAPACK_MAX_N")
+    monkeypatch.setattr(rounding, "LAPACK_MAX_N", 299)
+    monkeypatch.setattr(lapack, "dpotrf", refuse)
+    n = 300
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    S = (Q * torch.linspace(-1.0, 1.0, n, dtype=torch.float64)) @ Q.T
+    S = (S + S.T) / 2
+    ok, _ = rounding.cholesky_certifies(torch.stack([S, S]), torch.tensor([1 + 1e-3, 1 - 1e-3], dtype=torch.float64))
+    assert ok.tolist() == [True, False]
+    monkeypatch.setattr(rounding, "LAPACK_MAX_N", 300)  # the same matrices through scipy: the spy must fire
+    with pytest.raises(AssertionError, match="scipy potrf"):
+        rounding.cholesky_certifies(S[None], torch.tensor([1.5], dtype=torch.float64))
