@@ -170,8 +170,11 @@ def plan(args, device: str) -> list[dict]:
         # on timing each setting twice (the first call at a thread count is never timed) and switching to the
         # faster: untimed here, so that the timed steps are the steady state (and not the policy's
         # deliberately single-threaded initial samples).
-        if load.get("threads") == 1 or args.warmup is not None:
-            return dict(warmup=n)
+        # The throughput batch gets two untimed steps (its larger buffers are first faulted in there).
+        if args.warmup is not None:
+            return dict(warmup=n, throughput_warmup=n)
+        if load.get("threads") == 1:
+            return dict(warmup=n, throughput_warmup=max(n, 2))
         return dict(warmup=max(n, 8), throughput_warmup=8)
 
     def tbatch(res, mode):
@@ -189,7 +192,8 @@ def plan(args, device: str) -> list[dict]:
                 cfgs.append(dict(common, **load, part="mixer_target", kind="mixer", mixers=["ssog", "sdpa"],
                                  mode="inference", grid=g, dim=dim, num_heads=heads, num_components=4,
                                  ssog_backend="auto", throughput_batch=base["target_batch"][g],
-                                 repeats=args.repeats or base["target_repeats"][g], **warm_load(load, warm(0)),
+                                 repeats=args.repeats or base["target_repeats"][g],
+                                 throughput_repeats=args.repeats or base["target_repeats"][g], **warm_load(load, warm(0)),
                                  check=g <= 28))
     # 2. Backend table at 64x64 (one configuration per mixer, pooled over interleaved rounds).
     g = base["mixer_grid"]
@@ -226,7 +230,7 @@ def plan(args, device: str) -> list[dict]:
                         for load in row_loads:
                             cfg = dict(common, **load, part="model", kind="model", mixers=mixers, mode=mode,
                                        width=width, resolution=res, variant=variant, ssog_backend=args.ssog_backend,
-                                       repeats=reps(res), **warm_load(load, warm(res)),
+                                       repeats=reps(res), throughput_repeats=reps(res), **warm_load(load, warm(res)),
                                        throughput_batch=tbatch(res, mode),
                                        check=mode == "inference" and res <= 384 and load == dict(threads=threads))
                             if method:
@@ -673,7 +677,8 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "model's own NFE for the ODE), `frac` their quotient (target >= 0.9 at 1024), `mem/math` SSoG's peak over "
            "explicit attention's (target <= 0.4), `mem/SDPA` over fused SDPA's. ODE rk4 uses 3 steps "
            "(NFE 12 = depth, the discrete model's cost); dopri5 rtol = atol = 1e-3 with its NFE as counted. "
-           "`TB` is the row's throughput batch (timed in the same process after batch 1; `@TB` columns), "
+           "`TB` is the row's throughput batch (timed in the same process after batch 1, as many times as batch 1 "
+           "after at least two untimed steps; `@TB` columns), "
            "`load` the thread setting (`1 thread` pinned; `default threads` torch's count; `busy core` with a "
            "spinning competing process started by the benchmark; rows with more than one thread start each batch "
            "size with eight untimed steps, in which SSoG's thread policy times both thread counts), "

@@ -217,6 +217,19 @@ def test_mixer_rounds_are_pooled():
     assert by["ssog"]["speedup_vs_sdpa"] == pytest.approx(5.0 / 2.0)
 
 
+def test_throughput_batch_timed_as_often_as_batch_one():
+    """Every planned row with a throughput batch times it as many times as batch 1, after at least two untimed
+    steps (with two timed steps one slow spell decided a row's ratio)."""
+    args = throughput.parse([])
+    cfgs = [c for c in throughput.plan(args, "cpu") if c.get("throughput_batch", 0) > 1]
+    assert cfgs and any(c["part"] == "mixer_target" for c in cfgs) and any(c["part"] == "model" for c in cfgs)
+    for c in cfgs:
+        assert c["throughput_repeats"] == c["repeats"] >= 3, c
+        assert c["throughput_warmup"] >= 2, c
+    explicit = throughput.plan(throughput.parse(["--repeats", "4", "--warmup", "0"]), "cpu")
+    assert all(c.get("throughput_repeats", 4) == 4 and c.get("throughput_warmup", 0) == 0 for c in explicit)
+
+
 def test_quick_benchmark_rows_present_and_outputs_correct(tmp_path):
     """The quick benchmark, narrowed to ti/discrete and one repeat: every planned row is present and ran,
     at batch 1 and at the throughput batch, under each load; every model output checked in float64
