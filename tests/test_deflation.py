@@ -319,3 +319,23 @@ def test_default_k_rule_and_the_default_call():
     b = df.deflated_bound(params(*layer), 3, 3, **FAST)
     exact = dense_norm(*layer, 3, 3)
     assert b.k == 8 and exact * (1 - 1e-12) <= b.upper <= exact * 1.01
+
+
+@pytest.mark.parametrize("n", [30, 100])
+def test_search_eigen_helpers_against_numpy(n):
+    """The parameter search's helpers (estimates only, but they decide how tight the certified bound is):
+    top_eigenvalue returns numpy's largest eigenvalue and its eigenvector, on the dense (n <= 64) and the Lanczos
+    path; krylov_basis is orthonormal and contains the block Krylov space of the operator."""
+    from lipcheck.bounds import deflation_search as ds
+    rng = np.random.default_rng(n)
+    Z = rng.standard_normal((n, n))
+    M = Z + Z.T
+    w, V = np.linalg.eigh(M)
+    val, vec = ds.top_eigenvalue(lambda x: M @ x, n, np.ones(n))
+    assert val == pytest.approx(w[-1], rel=1e-9)
+    assert abs(float(vec @ V[:, -1])) == pytest.approx(1.0, abs=1e-8)
+    B = ds.krylov_basis(lambda X: M @ X, n, 3, 2, seed=5)
+    assert B.shape == (n, 6) and np.allclose(B.T @ B, np.eye(6), atol=1e-12)
+    X0 = np.linalg.qr(np.random.default_rng(5).standard_normal((n, 2)))[0]
+    for Y in (X0, M @ X0, M @ (M @ X0)):
+        assert np.linalg.norm(Y - B @ (B.T @ Y)) <= 1e-9 * np.linalg.norm(Y)
