@@ -101,6 +101,9 @@ SURVIVOR_REASONS = [
      "shrinks by 4u relative the allowance for the Kronecker sum's rounding (test_kron_sum_covers_its_rounding "
      "checks it against exact rationals; the actual error is orders below it): no float64 input can exhibit it; "
      "not equivalent"),
+    ("lipcheck/bounds/deflation_search.py", r"krylov_basis|top_eigenvalue", r"range\(blocks \+ 1\)|V\[:, \+1\]",
+     "now killed by tests/test_deflation.py::test_search_eigen_helpers_against_numpy (added after this run; "
+     "checked by hand)"),
     ("lipcheck/bounds/deflation*.py", r"krylov_basis|choose_parameters",
      r"range\(blocks [+-] \d\)|apply\(e, ref, X\), n, \d+, \d+, i\)|enumerate\(\(",
      "parameter choice: another Krylov space for the eigenvalue estimates that choose eps (any eps > 0 gives a "
