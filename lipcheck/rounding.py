@@ -175,7 +175,7 @@ def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 
     if mx == 0.0:
         return torch.zeros(batch, dtype=torch.float64, device=M.device)
     e = math.frexp(mx)[1]
-    X = X * (2.0 ** -(e // 2)) * (2.0 ** -(e - e // 2))  # largest |re|, |im| in [1/2, 1): entries below sqrt 2
+    X = _times_pow2(X, -e)  # largest |re|, |im| in [1/2, 1): entries below sqrt 2
     G, n, eG, F2 = _real_gram(X)
     u = unit_roundoff(torch.float64)
     def top(G):
@@ -184,7 +184,7 @@ def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 
     if s is None:
         lam = top(G)
     else:
-        lam = (torch.as_tensor(s, dtype=torch.float64, device=M.device) * 2.0 ** -e).square()
+        lam = _times_pow2(torch.as_tensor(s, dtype=torch.float64, device=M.device), -e).square()
     # the pad clears Rump's shift (<= gamma_{n+1} n mu) and the guess's own error; it grows 16-fold per failure
     rel = 4 * (gamma(n + 1, u) * n + 2 * n * u)
     pad = rel * torch.maximum(lam, u * F2) + 16 * (2 * n + 1) * _eta(torch.float64)
@@ -202,4 +202,10 @@ def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 
             break
         pad = pad * 16
     # scale back by 2^e: exact, or inf beyond the float64 range (refused by the callers)
-    return out * (2.0 ** (e // 2)) * (2.0 ** (e - e // 2))
+    return _times_pow2(out, e)
+
+
+def _times_pow2(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x 2^k in two exact steps: a single float 2^k overflows for |k| > 1023, which subnormal matrices need (their
+    largest entry below 2^-1022 scales up by up to 2^1074)."""
+    return x * (2.0 ** (k // 2)) * (2.0 ** (k - k // 2))

@@ -409,3 +409,21 @@ def test_cholesky_check_beyond_lapack_max_order_stays_with_torch(monkeypatch):
     monkeypatch.setattr(rounding, "LAPACK_MAX_N", 300)  # the same matrices through scipy: the spy must fire
     with pytest.raises(AssertionError, match="scipy potrf"):
         rounding.cholesky_certifies(S[None], torch.tensor([1.5], dtype=torch.float64))
+
+
+def test_norm2_upper_and_the_anchor_guess_on_subnormal_matrices():
+    """Subnormal matrices (a symbol whose kernels' taps underflow): norm2_upper scales by up to 2^1074, in two exact
+    steps (one float 2^1074 overflows: it raised OverflowError with a guess s), and bounds the exact norm from
+    above; the anchor guess divides by a subnormal norm as real numbers (a complex division gave inf)."""
+    from lipcheck.bounds import spectral
+    M = torch.tensor([[3e-320, 0.0], [1e-321, 2e-322]], dtype=torch.float64)
+    exact = 3e-320 * (1 + 1e-3)  # >= ||M||: the subnormal entries are the exact stored values
+    for s in (None, torch.tensor(3e-320, dtype=torch.float64)):
+        got = float(rounding.norm2_upper(M, s=s))
+        assert math.isfinite(got) and got >= float(torch.linalg.matrix_norm(M, 2)) and got <= 10 * exact
+    S = torch.tensor([[[3e-320 + 1e-321j]]], dtype=torch.complex128)
+    s1, u1, v1, s2 = spectral.top_singular_guess(S)
+    assert torch.isfinite(torch.view_as_real(u1)).all() and abs(float(u1.abs().square().sum()) - 1) < 1e-2
+    v = spectral.anchor_verification(S, s1, u1, v1, s2)
+    top = spectral.two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"])
+    assert all(bool(torch.isfinite(x).all()) for x in v.values()) and float(top) >= abs(3e-320 + 1e-321j)

@@ -440,7 +440,10 @@ def top_singular_guess(S: torch.Tensor, steps: int = 40):
     e0 = torch.zeros(m, dtype=dt, device=S.device)
     e0[0] = 1
     # S v1 = 0 (a zero symbol): any unit vector is a top left singular vector
-    u1 = torch.where((s1 > 0)[:, None], Sv / torch.where(s1 > 0, s1, torch.ones_like(s1))[:, None], e0)
+    # divided as real numbers: a complex division by a subnormal s1 overflows (to inf) inside torch's algorithm
+    den = torch.where(s1 > 0, s1, torch.ones_like(s1))
+    q = torch.view_as_complex(torch.view_as_real(Sv) / den[:, None, None]) if Sv.is_complex() else Sv / den[:, None]
+    u1 = torch.where((s1 > 0)[:, None], q, e0)
     r2 = theta[:, -2].clamp_min(0).sqrt() if steps > 1 else torch.zeros_like(s1)
     s2 = torch.minimum(r2 + 0.02 * (s1 - r2).clamp_min(0), s1)
     return s1, u1, v1, s2
@@ -460,19 +463,23 @@ def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1:
     nu2, nv2 = u1.abs().square().sum(-1), v1.abs().square().sum(-1)
     delta = (nu2 - 1).abs() + (nv2 - 1).abs() + g(2 * C + 4) * (nu2 + nv2)
     delta = torch.where(delta < 0.1, delta, torch.full_like(delta, math.inf))
-    SF = rounding.sum_of_squares(S).sqrt() * (1 + g(4 * C * C + 4))  # 2 C^2 squares
+    # underflow (a symbol of underflowing kernels has subnormal entries): every real operation may add an absolute
+    # error of at most eta, which no relative gamma covers; each allowance below gets its count of them
+    eta = rounding._eta(torch.float64)
+    SF = (rounding.sum_of_squares(S) * (1 + g(4 * C * C + 4)) + 2 * C * C * eta).sqrt() * (1 + g(2))  # 2 C^2 squares
     nu, nv = (nu2 * (1 + g(2 * C + 4))).sqrt(), (nv2 * (1 + g(2 * C + 4))).sqrt()  # >= ||u1||, ||v1||
     Rv = (S @ v1[..., None]).squeeze(-1) - s1[:, None] * u1
     Ru = (u1.conj()[:, None, :] @ S).squeeze(-2).conj() - s1[:, None] * v1  # S^* u1 without copying S^*
     # |fl(S v - s1 u) - (S v - s1 u)| <= gamma_{C+4} (|S| |v| + s1 |u|): in norm <= gamma_{C+4} (||S||_F ||v|| + s1 ||u||)
-    err = g(C + 4) * (SF * torch.maximum(nu, nv) + s1 * torch.maximum(nu, nv))
-    norm_up = lambda x: x.abs().square().sum(-1).sqrt() * (1 + g(2 * C + 4))  # noqa: E731
+    # and <= 8 (C + 4) eta per entry from underflow (C complex products and sums, then s1 u): sqrt(C) times in norm
+    err = g(C + 4) * (SF * torch.maximum(nu, nv) + s1 * torch.maximum(nu, nv)) + 8 * (C + 4) * math.sqrt(C) * eta
+    norm_up = lambda x: (x.abs().square().sum(-1) * (1 + g(2 * C + 4)) + 2 * C * eta).sqrt() * (1 + g(2))  # noqa: E731
     # S v^ - s1 u^ = (S v1 - s1 u1) / ||v1|| + s1 u1 (1 / ||v1|| - 1 / ||u1||): ||.|| <= (||Rv|| + s1 delta) / (1 - delta)
     rho_r = ((norm_up(Rv) + err + s1 * delta) / (1 - delta)) * (1 + g(4))
     rho_b = ((norm_up(Ru) + err + s1 * delta) / (1 - delta)) * (1 + g(4))
     D = S - s1[:, None, None] * (u1[:, :, None] * v1.conj()[:, None, :])
     # forming D: a complex product of three numbers and a difference per entry, gamma_6 of |S| + s1 |u1| |v1|^T
-    eD = g(6) * (SF + s1 * nu * nv)
+    eD = g(6) * (SF + s1 * nu * nv) + 32 * C * eta  # underflow: <= 32 eta per entry, C^2 entries: C in norm
     tau2 = (norm2_upper(D, s=s2.double()) + eD) * (1 + g(2))
     return {k: _up_to(torch.where(torch.isnan(v), math.inf, v), dt)
             for k, v in dict(rho_r=rho_r, rho_b=rho_b, tau2=tau2, delta=delta).items()}
@@ -548,7 +555,9 @@ class SymbolNorm:
         v = anchor_verification(S, s1, u1, v1, s2)
         # real and imaginary parts each err by <= gamma_{C+2} sum_h |c_h| F_h in Frobenius norm (matrix)
         eS = 2 * self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
-        top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8))
+        # + 8 eta: the sums and hypots may underflow (subnormal symbols)
+        top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8)) \
+            + 8 * rounding._eta(torch.float64)
         new = dict(c=c.to(self.cdt), s1=s1, t=t, Gu=Gu, Gv=Gv, eS=eS, top=top, **v)
         self.anchors.append(new)
         self._last_values = s1
