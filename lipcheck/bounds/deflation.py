@@ -289,7 +289,8 @@ def default_k(N: int, C: int) -> int:
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
                    max_rounds: int = 200, envelope=None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by the deflated majorant (module docstring) with k token
-    functions (default: `default_k`), or the envelope's own majorant where that is smaller (info['upper_from']). time_budget, max_rounds: the envelope's refinement (any stopping point is certified; max_rounds makes
+    functions (default: `default_k`), or the envelope's own majorant where that is smaller (info['upper_from']).
+    time_budget, max_rounds: the envelope's refinement (any stopping point is certified; max_rounds makes
     the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls."""
     sp._check_grid_size(H, W)
@@ -325,12 +326,13 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     # both are certified: with a coarse envelope (large delta, large leakage) Theorem D3 can land above the
     # envelope's own majorant (measured: 6.4 % against 3.8 % over ||T|| on a 4 x 4 grid)
     from_majorant = mb.upper < upper
-    return DeflationBound(upper=min(upper, mb.upper),
-                          estimate=sp._scale_back(math.sqrt(tau_est), e, up=False), k=k,
+    # estimate and margin describe the bound returned
+    estimate = mb.estimate if from_majorant else sp._scale_back(math.sqrt(tau_est), e, up=False)
+    margin = mb.margin if from_majorant else sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True)
+    return DeflationBound(upper=min(upper, mb.upper), estimate=estimate, k=k,
                           delta=sp._scale_back(delta, e, up=True), eps=eps,
                           sigma=sp._scale_back(sigma, 2 * e, up=False),
-                          seconds=time.perf_counter() - t0,
-                          margin=sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True),
+                          seconds=time.perf_counter() - t0, margin=margin,
                           info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta, envelope_rounds=mb.rounds,
                                     errors=dict(GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
                                     kC=k * C, theorem_d3=upper, upper_from="majorant" if from_majorant else "D3"))
