@@ -87,6 +87,12 @@ def main(argv=None) -> int:
     for r in rows:
         if r.get("deflated_k") is not None:
             ks.setdefault(r["deflated_k"], []).append(f"C={r['C']} {r['grid']}x{r['grid']}")
+    th = {}
+    for r in rows:
+        if r.get("deflated_theorem") is not None:
+            th[r["deflated_theorem"]] = th.get(r["deflated_theorem"], 0) + 1
+    theorems = ", ".join(f"{v} row(s) by {'its envelope' if t == 'majorant' else 'Theorem ' + t}"
+                         for t, v in sorted(th.items())) or "not run"
     k_text = "k = " + "; ".join(f"{k} at {', '.join(sorted(set(v)))}" for k, v in sorted(ks.items())) if ks else "k"
     gaps = [r["majorant_ratio"] - 1 for r in rows]
     ugaps = [r["upper_ratio"] - 1 for r in rows]
@@ -98,11 +104,13 @@ def main(argv=None) -> int:
           "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]). Each cell: "
           "value (excess over exact, seconds). `exact` is a dense SVD where N C <= 4096, else Lanczos on T^T T "
           "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (the smallest of its "
-          "certified bounds in the row: the Toeplitz majorant, up to 32x32 also the deflated majorant and its "
-          "envelope's own majorant value, and the circulant embedding; the method that gave it in brackets), the Toeplitz majorant (lipcheck.bounds.majorant), the deflated majorant "
-          "(lipcheck.bounds.deflation, Theorem D3: k token functions handled exactly, " + k_text + "; not run at "
-          "64x64, where the k it would need makes its k C x k C checks too large; where its certified delta is above "
-          "its envelope's majorant it returns that majorant), all certified with rounding margins (proofs/S2.md), "
+          "certified bounds in the row: the Toeplitz majorant, up to 32x32 also the deflated majorant, and the "
+          "circulant embedding; the method that gave it in brackets), the Toeplitz majorant "
+          "(lipcheck.bounds.majorant), the deflated majorant (lipcheck.bounds.deflation, Theorem D4 of proofs/S2.md: "
+          "T^T T exactly on k token functions x C channels, the envelope on the complement; " + k_text + "; not run "
+          "at 64x64, where the N x N envelope's eigenvectors cost most; never above "
+          "its envelope's own majorant value, which it returns where that is smaller: " + theorems + "), all "
+          "certified with rounding margins (proofs/S2.md), "
           "the (2H-1)x(2W-1) circulant embedding (certified), and an input-size-independent zero-padding bound in "
           "the style of Delattre et al. (2024): the truncated kernel's symbol on a fixed DFT grid, a Bernstein "
           "sampling factor and the tail (one value per layer, valid at every grid; a float64 baseline without "

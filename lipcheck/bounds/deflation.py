@@ -18,8 +18,16 @@ and the rest of T is computed exactly on U, where it has k C dimensions: A = Pi 
                         is positive definite (a 2 k C x 2 k C matrix; it says tau I - (1 + eps) GC - sigma A^T (sigma I -
                         GB)^-1 A >= 0 and sigma > lambda_max(GB)).
 
-The phases inside U are kept exactly; what is lost is second order in the leakage, so with k = 10-20 token functions
-the bound is within 1e-3 of ||T|| where the majorant is 5-20 % above it. Every matrix is formed in float64 with an
+That is Theorem D3. Its split of the cross term 2 ||Cm a|| delta ||b|| costs first order where the leakage Cm is
+large (shifted kernels on a 32 x 32 grid: 15 % at k = 12). Theorem D4 works with M = T^T T instead, whose top
+eigenvector is the same on both sides: for b in U^perp, ||T b||^2 <= m22 ||b||^2 with m22 from delta, c (T_N(s_up) <=
+delta I + c Q Q^T) and ell2 >= ||Pi T Pi^perp||^2 (Lemma D2), and for x = a + b
+
+    x^T M x <= a^T (M11 + X / g) a + (m22 + g) ||b||^2,   M11 = Pi M Pi,  X = Pi M Pi^perp M Pi,  any g > 0,
+
+so ||T||^2 <= max(lambda_max(M11 + X / g), m22 + g): the coupling enters through X, second order in the part of the
+top eigenvector outside U (0.39 % at that 32 x 32 layer, k = 12). X has h^4 Kronecker terms; beyond GRAM_BUDGET
+(12 heads) Theorem D3 is used. The phases inside U are kept exactly. Every matrix is formed in float64 with an
 error bound in spectral norm (`_Approx`), the definiteness checked by a floating-point Cholesky factorisation with
 Rump's shift (rounding.cholesky_certifies), and Q's departure from orthonormality is part of the error.
 """
@@ -34,7 +42,7 @@ import torch
 from .. import gaussian, rounding
 from . import majorant as mj
 from . import spectral as sp
-from .deflation_search import choose_parameters
+from .deflation_search import choose_gram_shift, choose_parameters
 
 
 # rounding.verified_lambda_max pads its guess from 1e-12 ||S||_F tenfold per failed Cholesky try: 20 tries reach
@@ -46,7 +54,9 @@ CERTIFY_TRIES = 20
 class DeflationBound:
     """upper >= ||T||_2 (certified); estimate: the bound's value before margins (sqrt of the best tau found
     numerically); k: token functions in U; delta: certified lambda_max of T_N(s_up) on span(Q)^perp (p's units);
-    eps, sigma: the parameters of Theorem D3 (sigma in p's units squared); seconds; margin: rounding allowances added (p's units); info: details."""
+    eps, sigma: the parameters of Theorem D3 (sigma in p's units squared; NaN where Theorem D4 gave the bound);
+    seconds; margin: rounding allowances added (p's units); info: details (info['theorem']: 'D4' or 'D3';
+    info['complement'] = sqrt(m22) and info['leakage'] = sqrt(ell2) for D4)."""
     upper: float
     estimate: float
     k: int
@@ -88,6 +98,30 @@ def _mm(X: _Approx, Y: _Approx, *, tX: bool = False, tY: bool = False) -> _Appro
     n = a.shape[-1]
     err = X.norm * Y.err + Y.norm * X.err + X.err * Y.err + rounding.gamma(n + 2) * X.fro * Y.fro
     return _Approx(a @ b, _up(err))
+
+
+def _pairwise(Xs: list[_Approx], Ys: list[_Approx], *, tX: bool = False, tY: bool = False) -> list[list[_Approx]]:
+    """All products fl(X_i Y_j) (X_i or Y_j transposed when asked) in one matrix product, each with _mm's error bound
+    (every entry is the same length-n dot product, so the same gamma_{n+2} bound holds)."""
+    a = torch.cat([x.val.T if tX else x.val for x in Xs], 0)
+    b = torch.cat([y.val.T if tY else y.val for y in Ys], 1)
+    n = a.shape[1]
+    prod = a @ b
+    rows = [x.val.shape[1] if tX else x.val.shape[0] for x in Xs]
+    cols = [y.val.shape[0] if tY else y.val.shape[1] for y in Ys]
+    xn, yn = [x.norm for x in Xs], [y.norm for y in Ys]
+    xf, yf = [x.fro for x in Xs], [y.fro for y in Ys]
+    g = rounding.gamma(n + 2)
+    out, r0 = [], 0
+    for i, (r, x) in enumerate(zip(rows, Xs)):
+        row, c0 = [], 0
+        for j, (c, y) in enumerate(zip(cols, Ys)):
+            err = xn[i] * y.err + yn[j] * x.err + x.err * y.err + g * xf[i] * yf[j]
+            row.append(_Approx(prod[r0:r0 + r, c0:c0 + c], _up(err)))
+            c0 += c
+        out.append(row)
+        r0 += r
+    return out
 
 
 def _sub(X: _Approx, Y: _Approx) -> _Approx:
@@ -173,13 +207,11 @@ def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float
     return _up(mu + extra)
 
 
-def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
-    """Per head, as _Approx of exact quantities for the orthonormal Qbar (span(Q)): K_h Q, L_h = Q^T K_h Q,
-    Z_h = (I - Q Q^T) K_h Q and the same for K_h^T. K_h q for a token function q (H x W) is sum_m alpha G_H q G_W^T
-    from the taps of gaussian.axis_matrix; its error: taps (relative e, or <= tiny where flushed, so
-    ||G^ - G||_2 <= e + (2n - 1) tiny), the sums (gamma_{H+W+M+4}), ||K_h||_2 <= kappa_h = sum_m |alpha|; and
-    ||K_h Q - K_h Qbar|| <= kappa_h eta."""
-    N, k = Q.shape
+def kernel_factors(q: sp.SSoGParams, H: int, W: int) -> list[dict]:
+    """Per head, what applying K_h to token functions needs: the axis matrices (alpha folded into G_H), kappa_h =
+    sum_m |alpha| (rounded up: ||K_h||_2 <= kappa_h) and rel_h, with ||fl(K_h X) - K_h X||_F <= kappa_h rel_h
+    ||X||_F for the exact K_h: taps of gaussian.axis_matrix with relative error e (or <= tiny where flushed, so
+    ||G^ - G||_2 <= e + (2n - 1) tiny) and the sums' rounding (gamma_{H+W+M+4})."""
     dt = q.WV.dtype
     M = q.alpha.shape[1]
     tiny = torch.finfo(dt).smallest_normal
@@ -188,23 +220,46 @@ def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
     ex = e[..., 1] + (2 * W - 1) * tiny
     GH = gaussian.axis_matrix(H, q.mu[..., 0], q.sigma[..., 0]) * q.alpha[..., None, None]  # (h, M, H, H)
     GW = gaussian.axis_matrix(W, q.mu[..., 1], q.sigma[..., 1])
-    Qr = Q.T.reshape(k, H, W)
     kappa = q.alpha.abs().sum(1) * (1 + rounding.gamma(M + 2))
-    fq = float(Q.square().sum().sqrt()) * (1 + rounding.gamma(N * k + 2))
     out = []
     for h in range(q.num_heads):
         rel = float((q.alpha[h].abs() * (ey[h] + ex[h] + ey[h] * ex[h])).sum()) / max(float(kappa[h]), tiny) \
             + rounding.gamma(H + W + M + 4) * (1 + float(ey[h].max())) * (1 + float(ex[h].max()))
+        out.append(dict(GH=GH[h], GW=GW[h], kappa=float(kappa[h]), rel=rel, H=H, W=W))
+    return out
+
+
+def apply_kernel(f: dict, X: _Approx, *, transpose: bool = False) -> _Approx:
+    """K_h X (or K_h^T X) for the token functions in X's columns (N x m, row-major tokens), K_h q = sum_m alpha G_H q
+    G_W^T. Error: ||fl(K_h X^) - K_h X^|| <= kappa_h rel_h ||X^||_F (kernel_factors) plus ||K_h|| e_X <= kappa_h e_X."""
+    H, W = f["H"], f["W"]
+    gh, gw = (f["GH"].transpose(-1, -2), f["GW"].transpose(-1, -2)) if transpose else (f["GH"], f["GW"])
+    m = X.val.shape[1]
+    Xr = X.val.T.reshape(m, H, W)
+    KX = torch.einsum("mab,kbc,mdc->adkm", gh, Xr, gw).sum(-1).reshape(H * W, m)
+    return _Approx(KX, _up(f["kappa"] * (f["rel"] * X.fro + X.err)))
+
+
+def _deflect(Qa: _Approx, Y: _Approx) -> _Approx:
+    """(I - Qbar Qbar^T) Y for Qbar the orthonormal basis that Qa approximates (its error eta)."""
+    return _sub(Y, _mm(Qa, _mm(Qa, Y, tX=True)))
+
+
+def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+    """Per head, as _Approx of exact quantities for the orthonormal Qbar (span(Q)): (L_h = Q^T K_h Q,
+    Z_h = (I - Q Q^T) K_h Q, K_h Q) and the same for K_h^T, from `apply_kernel` with Q standing for Qbar (error eta, so
+    ||K_h Q - K_h Qbar|| <= kappa_h eta)."""
+    Qa = _Approx(Q, eta)
+    f = kernel_factors(q, H, W)
+    out = []
+    for h in range(q.num_heads):
         blocks = {}
-        for name, gh, gw in (("K", GH[h], GW[h]), ("Kt", GH[h].transpose(-1, -2), GW[h].transpose(-1, -2))):
-            KQ = torch.einsum("mab,kbc,mdc->adkm", gh, Qr, gw).sum(-1).reshape(N, k)
-            kq = _Approx(KQ, _up(float(kappa[h]) * (rel * fq * (1 + 4 * eta) + eta)))
-            Qa = _Approx(Q, eta)
+        for name, tr in (("K", False), ("Kt", True)):
+            kq = apply_kernel(f[h], Qa, transpose=tr)
             L = _mm(Qa, kq, tX=True)
-            Z = _sub(kq, _mm(Qa, L))
-            blocks[name] = (L, Z)
+            blocks[name] = (L, _sub(kq, _mm(Qa, L)), kq)
         out.append(blocks)
-    return out, kappa
+    return out, torch.tensor([x["kappa"] for x in f], dtype=Q.dtype)
 
 
 def head_projections(q: sp.SSoGParams) -> list[_Approx]:
@@ -279,6 +334,73 @@ def block_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float
     return A, GC, GB
 
 
+def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+    """(M11, X, GB) of Theorem D4 as _Approx for U = span(Q) kron R^C, each (k C x k C) with rows and columns (token
+    function, channel), M = T^T T: M11 = Pi M Pi = sum_{h,g} (Q^T K_h^T K_g Q) kron (P_h P_g^T), X the Gram matrix of
+    alpha -> Pi^perp M a = sum_{(h,g),(h',g')} (W_hg^T W_h'g') kron (F_hg F_h'g'^T) with W_hg = (I - Q Q^T) K_h^T K_g Q,
+    F_hg = P_g P_h^T, and GB as in `block_matrices` (proofs/S2.md, 'Theorem D4'). X has h^4 terms."""
+    blocks, _ = token_blocks(q, H, W, Q, eta)
+    f = kernel_factors(q, H, W)
+    Qa = _Approx(Q, eta)
+    P = head_projections(q)
+    hh = range(q.num_heads)
+    pairs = [(h, g) for h in hh for g in hh]
+    KQ = [blocks[h]["K"][2] for h in hh]
+    Zt = [blocks[h]["Kt"][1] for h in hh]
+    kk, pp = _pairwise(KQ, KQ, tX=True), _pairwise(P, P, tY=True)  # K_h Q . K_g Q, P_h P_g^T
+    M11 = _sym(_kron_sum([kk[h][g] for h, g in pairs], [pp[h][g] for h, g in pairs], transpose_P=False))
+    zz, qq = _pairwise(Zt, Zt, tX=True), _pairwise(P, P, tX=True)  # P_h^T P_g
+    GB = _sym(_kron_sum([zz[h][g] for h, g in pairs], [qq[h][g] for h, g in pairs], transpose_P=False))
+    Wm = [_deflect(Qa, apply_kernel(f[h], KQ[g], transpose=True)) for h, g in pairs]
+    F = [pp[g][h] for h, g in pairs]  # P_g P_h^T
+    ww, ff = _pairwise(Wm, Wm, tX=True), _pairwise(F, F, tY=True)
+    n = len(pairs)
+    X = _sym(_kron_sum([ww[i][j] for i in range(n) for j in range(n)],
+                       [ff[i][j] for i in range(n) for j in range(n)], transpose_P=False))
+    return M11, X, GB
+
+
+def complement_gram_bound(delta: float, c: float, ell2: float) -> float:
+    """m22 >= ||T b||^2 / ||b||^2 for b in U^perp (Lemma D2): the root (delta^2 + sqrt(delta^4 + 4 delta c ell2)) / 2,
+    rounded up (eight operations, each <= u relative, on non-negative numbers; the function increases in each)."""
+    u = rounding.unit_roundoff(torch.float64)
+    d2 = delta * delta
+    return _up((d2 + math.sqrt(d2 * d2 + 4 * delta * c * ell2)) / 2 * (1 + 16 * u))
+
+
+def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, eta: float):
+    """(tau certified with ||T||^2 <= tau, the value before margins) by Theorem D4 (proofs/S2.md): ell2 >=
+    lambda_max(GB) (Cholesky-checked, plus GB's error), m22 = complement_gram_bound(delta, c (1 + eta), ell2), then
+    for r = fl(1/g) (g from choose_gram_shift; g' = 1/r exact) Lambda >= lambda_max(M11 + r X) of the exact matrices
+    (the stored fl(M11^ + fl(r X^)) errs by <= e_M11 + r e_X + gamma_2 (||M11^||_F + r ||X^||_F)) and tau =
+    max(Lambda, m22 + g'), rounded up."""
+    u = rounding.unit_roundoff(torch.float64)
+    with sp.single_thread():
+        lb = float(rounding.verified_lambda_max(GB.val, tries=CERTIFY_TRIES))
+    ell2 = _up(lb + GB.err)
+    m22 = complement_gram_bound(delta, _up(c * (1 + eta) * (1 + 2 * u)), ell2)
+    g, est = choose_gram_shift(M11.val, X.val, m22)
+    r = 1.0 / g
+    S = M11.val + r * X.val
+    err = _up(M11.err + r * X.err + rounding.gamma(2) * (M11.fro + r * X.fro))
+    with sp.single_thread():
+        lam = float(rounding.verified_lambda_max(S, lam=torch.tensor(est, dtype=S.dtype), tries=CERTIFY_TRIES))
+    if not (math.isfinite(lam) and math.isfinite(m22)):
+        raise ValueError("the Gram-deflated bound's Cholesky certificate failed at every pad: not certified")
+    tau = max(_up(lam + err), _up(m22 + _up(1.0 / r)))
+    return tau, max(est, m22 + g), dict(m22=m22, ell2=ell2, g=g)
+
+
+# Theorem D4's X has h^4 Kronecker terms of (k C)^2 entries: up to this many multiply-adds (6 heads at k C = 3840:
+# 2e10, some 10 s on 2 cores) it is built; beyond (12 heads), Theorem D3's h^2 terms serve
+GRAM_BUDGET = 3e10
+
+
+def gram_affordable(heads: int, k: int, C: int) -> bool:
+    """Whether Theorem D4's matrices fit GRAM_BUDGET (else Theorem D3 is used)."""
+    return heads ** 4 * float(k * C) ** 2 <= GRAM_BUDGET
+
+
 def default_k(N: int, C: int) -> int:
     """Token functions for an N-token grid and C channels: the eigenvalues of T_N(s_up) above a level grow like N
     (Szego), so k grows like N (10 up to 250 tokens, 41 at 32 x 32), capped (not below 10) so that the dense
@@ -289,7 +411,8 @@ def default_k(N: int, C: int) -> int:
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
                    max_rounds: int = 200, envelope=None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by the deflated majorant (module docstring) with k token
-    functions (default: `default_k`), or the envelope's own majorant where that is smaller (info['upper_from']).
+    functions (default: `default_k`): Theorem D4 where its h^4 terms fit GRAM_BUDGET, else Theorem D3; or the
+    envelope's own majorant where that is smaller (info['upper_from']).
     time_budget, max_rounds: the envelope's refinement (any stopping point is certified; max_rounds makes
     the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls."""
@@ -305,34 +428,46 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
                                                                              max_rounds=max_rounds)
     ev, Q = top_eigenvectors(TN, k)
     eta = orthonormality_defect(Q)
-    delta = certify_delta(TN, tn_err, Q, float(ev[k]), c=max(float(ev[0]), 0.0))
+    # c >= lambda_1 - lambda_{k+1}: T_N(s_up) <= delta I + c Q Q^T on all of R^N (Theorem D4 reads c; D3 only delta)
+    c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
+    delta = certify_delta(TN, tn_err, Q, float(ev[k]), c=c)
     e = q.log2_scale
     if sp._scale_back(delta, e, up=False) >= mb.upper:
-        # Theorem D3's tau exceeds (1 + 1/eps) delta^2 > delta^2: it cannot beat the envelope's own majorant value
-        # (certified too), which is returned; the k C x k C blocks are not built
+        # both theorems' tau exceed delta^2: neither can beat the envelope's own majorant (certified too), which is
+        # returned; the k C x k C blocks are not built
         return DeflationBound(upper=mb.upper, estimate=mb.estimate, k=k, delta=sp._scale_back(delta, e, up=True),
                               eps=math.nan, sigma=math.nan, seconds=time.perf_counter() - t0, margin=mb.margin,
                               info=dict(majorant=mb.upper, eta=eta, envelope_rounds=mb.rounds, kC=k * C,
                                         skipped="delta >= the envelope's majorant: k too small for this grid",
                                         errors=dict(delta_envelope=tn_err)))
 
-    A, GC, GB = block_matrices(q, H, W, Q, eta)
-    eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
-    tau, tau_est = certify_block(A, GC, GB, delta, eps, sigma)
+    if gram_affordable(q.num_heads, k, C):
+        M11, X, GB = gram_matrices(q, H, W, Q, eta)
+        tau, tau_est, extra = certify_gram(M11, X, GB, delta, c, eta)
+        eps = sigma = math.nan
+        theorem, errors = "D4", dict(M11=M11.err, X=X.err, GB=GB.err, delta_envelope=tn_err)
+        # in the layer's units as norms (their squares can leave the float range where the layer is scaled far)
+        extra = dict(complement=sp._scale_back(math.sqrt(extra["m22"]), e, up=True),
+                     leakage=sp._scale_back(math.sqrt(extra["ell2"]), e, up=True))
+    else:
+        A, GC, GB = block_matrices(q, H, W, Q, eta)
+        eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
+        tau, tau_est = certify_block(A, GC, GB, delta, eps, sigma)
+        theorem, errors, extra = "D3", dict(GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err), {}
     margin_conv = q.conversion_error * q.magnitude()
     u = rounding.unit_roundoff(torch.float64)
     upper_n = sp._finite(math.sqrt(tau) * (1 + 2 * u) + margin_conv, "deflated majorant bound")
     upper = sp._scale_back(upper_n, e, up=True)
-    # both are certified: with a coarse envelope (large delta, large leakage) Theorem D3 can land above the
-    # envelope's own majorant (measured: 6.4 % against 3.8 % over ||T|| on a 4 x 4 grid)
+    # both are certified: with a coarse envelope (large delta, large leakage) the deflated bound can land above the
+    # envelope's own majorant (measured with Theorem D3: 6.4 % against 3.8 % over ||T|| on a 4 x 4 grid)
     from_majorant = mb.upper < upper
     # estimate and margin describe the bound returned
     estimate = mb.estimate if from_majorant else sp._scale_back(math.sqrt(tau_est), e, up=False)
     margin = mb.margin if from_majorant else sp._scale_back(upper_n - math.sqrt(tau_est), e, up=True)
     return DeflationBound(upper=min(upper, mb.upper), estimate=estimate, k=k,
                           delta=sp._scale_back(delta, e, up=True), eps=eps,
-                          sigma=sp._scale_back(sigma, 2 * e, up=False),
+                          sigma=sigma if theorem == "D4" else sp._scale_back(sigma, 2 * e, up=False),
                           seconds=time.perf_counter() - t0, margin=margin,
                           info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta, envelope_rounds=mb.rounds,
-                                    errors=dict(GB=GB.err, GC=GC.err, A=A.err, delta_envelope=tn_err),
-                                    kC=k * C, theorem_d3=upper, upper_from="majorant" if from_majorant else "D3"))
+                                    errors=errors, kC=k * C, theorem=theorem, deflated=upper,
+                                    upper_from="majorant" if from_majorant else theorem, **extra))

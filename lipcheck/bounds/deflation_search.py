@@ -118,3 +118,29 @@ def choose_parameters(A: torch.Tensor, GC: torch.Tensor, GB: torch.Tensor, delta
     t = min(cache, key=lambda t: cache[t][0])
     eps = math.exp(t)
     return eps, best_sigma(eps, phi_full, start=cache[t][1])[1]
+
+
+def choose_gram_shift(M11: torch.Tensor, X: torch.Tensor, m22: float, *, tol: float = 1e-12,
+                      steps: int = 40) -> tuple[float, float]:
+    """(g, lambda_max(M11 + X / g)) for Theorem D4: tau = max(lambda(g), m22 + g), lambda(g) = lambda_max(M11 + X / g)
+    (convex and decreasing in g, X >= 0), is smallest where lambda(g) = m22 + g. Newton's method on the convex,
+    decreasing h(g) = lambda(g) - m22 - g (h' = -v^T X v / g^2 - 1 at the top eigenvector v) from a g with h(g) >= 0
+    increases monotonically to the root. An estimate only: any g > 0 gives a certified bound."""
+    A, B = M11.numpy(), X.numpy()
+    n = A.shape[0]
+    lam0, v = top_eigenvalue(lambda x: A @ x, n, None)
+    scale = max(lam0, m22, 1e-300)
+    g = max(lam0 - m22, 1e-3 * scale)
+    lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+    for _ in range(steps):  # a start left of the root (h >= 0), else lambda(g) <= m22 + g already
+        if lam >= m22 + g or g < 1e-12 * scale:
+            break
+        g /= 10
+        lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+    for _ in range(steps):
+        h = lam - m22 - g
+        if h <= tol * scale:
+            break
+        g = g + h / (1 + float(v @ (B @ v)) / g ** 2)
+        lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+    return g, lam

@@ -1085,8 +1085,10 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
         t, db = time.perf_counter(), deflated_bound(q, H, W, k=deflation_k)
         seconds["deflated"] = time.perf_counter() - t
         dval = db.upper  # already scaled back by q.log2_scale, as the majorant's
-        info["deflated"] = dict(value=dval, k=db.k, delta=db.delta, eps=db.eps, sigma=db.sigma,
+        info["deflated"] = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"),
                                 gave_upper=dval < upper)
+        if db.info.get("theorem") == "D3":
+            info["deflated"].update(eps=db.eps, sigma=db.sigma)
         method["deflated"] = (f"deflated majorant: exact on {db.k} token functions x C channels, majorant on the "
                               f"complement, Cholesky-certified")
         upper = min(upper, dval)
