@@ -428,7 +428,7 @@ SURVIVOR_REASONS = [
      "a positive rounding allowance; added after this run, checked by applying the mutant by hand)"),
     ("lipcheck/bounds/attention.py", r"layernorm_image_radius", r"gamma\(C \+ 4, \)\)",
      "equivalent: gamma's default unit roundoff is float64's, the u passed"),
-    ("lipcheck/rounding.py", r"rump_shift", r"\+ [5-9] \* \(2 \* n \+ 1\) \* _eta",
+    ("lipcheck/rounding.py", r"rump_shift", r"\+ [5-9] \* \(2 \* n \+ 1\) \* (?:_eta|tiny_subnormal)",
      "loosens: a larger shift for underflow (by multiples of the smallest subnormal, ~5e-324): a larger, still "
      "valid margin"),
     ("lipcheck/rounding.py", r"_real_gram", r"eG = gamma\(u\) \* F2",
@@ -755,7 +755,7 @@ SURVIVOR_REASONS = [
      "run, checked by applying the mutant by hand)"),
     ("lipcheck/bounds/spectral.py", r"SymbolNorm\.__init__", r"self\.ip = p\.gamma\(2 \* C \+ self\.d \+ [3-9] \* self\.h",
      "loosens: the inner-product rounding margin of the anchor quantities a few u larger"),
-    ("lipcheck/rounding.py", r"_real_gram|norm2_upper|rump_shift", r"\* \(m - 2\) \* n \* _eta|\(2 \* n \+ 2\) \* _eta|\(2 / n \+ 1\) \* _eta",
+    ("lipcheck/rounding.py", r"_real_gram|norm2_upper|rump_shift", r"\* \(m - 2\) \* n \* (?:_eta|tiny_subnormal)|\(2 \* n \+ 2\) \* (?:_eta|tiny_subnormal)|\(2 / n \+ 1\) \* (?:_eta|tiny_subnormal)",
      "equivalent at every tested scale: changes a multiple of the smallest subnormal number (~5e-324) in a margin "
      "of a matrix scaled to entries in [1/2, 1); only products that underflow would tell them apart"),
     ("lipcheck/rounding.py", r"_real_gram", r"torch\.cat\(\[A, \+B\], -1\)",

@@ -42,7 +42,7 @@ def check_certified_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def _eta(dtype) -> float:
+def tiny_subnormal(dtype) -> float:
     """The smallest positive subnormal number: the absolute error of one underflowing operation."""
     return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
 
@@ -52,7 +52,7 @@ def rump_shift(trace_abs: torch.Tensor, n: int, u: float, dtype) -> torch.Tensor
     gn = gamma(n + 1, u)
     if not gn < 0.5:
         return torch.full_like(trace_abs, math.inf)
-    return gn / (1 - 2 * gn) * trace_abs + 4 * (2 * n + 1) * _eta(dtype)
+    return gn / (1 - 2 * gn) * trace_abs + 4 * (2 * n + 1) * tiny_subnormal(dtype)
 
 
 def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None):
@@ -144,7 +144,7 @@ def _real_gram(M: torch.Tensor):
     G = (G + G.mH) / 2
     # |fl(x^* y) - x^* y| <= gamma_{m+2} |x|^T |y| (complex; Higham 3.6), one more rounding in the symmetrisation,
     # and underflow: <= 8 (m + 2) eta per entry; || |M|^T |M| ||_F <= ||M||_F^2
-    eG = gamma(m + 4, u) * F2 + 8 * (m + 2) * n * _eta(torch.float64)
+    eG = gamma(m + 4, u) * F2 + 8 * (m + 2) * n * tiny_subnormal(torch.float64)
     if G.is_complex():
         E = G.new_empty(*G.shape[:-2], 2 * n, 2 * n, dtype=G.real.dtype)
         E[..., :n, :n] = G.real
@@ -187,7 +187,7 @@ def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 
         lam = _times_pow2(torch.as_tensor(s, dtype=torch.float64, device=M.device), -e).square()
     # the pad clears Rump's shift (<= gamma_{n+1} n mu) and the guess's own error; it grows 16-fold per failure
     rel = 4 * (gamma(n + 1, u) * n + 2 * n * u)
-    pad = rel * torch.maximum(lam, u * F2) + 16 * (2 * n + 1) * _eta(torch.float64)
+    pad = rel * torch.maximum(lam, u * F2) + 16 * (2 * n + 1) * tiny_subnormal(torch.float64)
     out = torch.full(batch, math.inf, dtype=torch.float64, device=M.device)
     todo = torch.ones(batch, dtype=torch.bool, device=M.device)
     for i in range(tries):

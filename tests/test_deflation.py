@@ -465,6 +465,11 @@ def test_gram_certificate_carries_the_errors():
     _, _, ex_b = df.certify_gram(M11, X, df._Approx(GB.val, e), d, 0.5, 0.0)
     assert ex_b["ell2"] >= ex0["ell2"] + e and ex_b["m22"] > ex0["m22"]
     assert ex_b["m22"] == df.complement_gram_bound(d, df._up(0.5 * (1 + 2 * 2.0 ** -53)), ex_b["ell2"])
+    _, _, ex_e = df.certify_gram(M11, X, GB, d, 0.5, 0.01)  # Q off orthonormal by eta: c (1 + eta) in Lemma D2
+    assert ex_e["m22"] == df.complement_gram_bound(d, df._up(0.5 * 1.01 * (1 + 2 * 2.0 ** -53)), ex0["ell2"])
+    assert ex_e["m22"] > ex0["m22"]
+    with pytest.raises(ValueError, match="not certified"):
+        df.certify_gram(M11, X, GB, d, -0.5, 0.0)
     tau_big, _, _ = df.certify_gram(df._Approx(M11.val, 1e30), X, GB, d, 0.5, 0.0)
     assert tau_big >= 1e30
 
@@ -489,13 +494,96 @@ def test_gram_search_finds_the_crossing():
 
 def test_complement_bound_is_the_root_rounded_up():
     """complement_gram_bound against the root of rho^2 = delta^2 rho + delta c ell2 in 50-digit arithmetic: never
-    below it, at most 1e-11 above; and the root is the bound Lemma D2 needs (rho^2 <= delta (delta rho + c ell2))."""
+    below it (also where delta^4 underflows), at most 1e-11 above away from underflow; negative or NaN inputs refused."""
     import mpmath
     mpmath.mp.dps = 50
-    for delta, c, ell2 in ((0.3, 0.7, 0.2), (1.0, 0.0, 5.0), (2.0, 3.0, 0.0), (1e-3, 10.0, 10.0), (5.0, 1e-8, 1e3)):
+    cases = ((0.3, 0.7, 0.2), (1.0, 0.0, 5.0), (2.0, 3.0, 0.0), (1e-3, 10.0, 10.0), (5.0, 1e-8, 1e3),
+             (1e-82, 0.0, 0.0), (1e-80, 1.0, 1e-200), (1e-160, 0.0, 0.0), (0.0, 1.0, 1.0))  # delta^4 underflows
+    for delta, c, ell2 in cases:
         m = df.complement_gram_bound(delta, c, ell2)
         d, cc, l2 = mpmath.mpf(delta), mpmath.mpf(c), mpmath.mpf(ell2)
         root = (d * d + mpmath.sqrt(d ** 4 + 4 * d * cc * l2)) / 2
-        assert root <= m <= root * (1 + mpmath.mpf("1e-11"))
-        r = mpmath.mpf(m)
-        assert r * r >= d * (d * r + cc * l2)
+        assert root <= m, (delta, c, ell2)
+        if root > mpmath.mpf("1e-140"):  # far from underflow (the added etas, sqrt(eta) ~ 1e-162): tight
+            assert m <= root * (1 + mpmath.mpf("1e-11")), (delta, c, ell2)
+    for bad in ((-1.0, 1.0, 1.0), (1.0, -1e-9, 1.0), (1.0, 1.0, float("nan"))):
+        with pytest.raises(ValueError, match="not certified"):
+            df.complement_gram_bound(*bad)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_lemma_d2_on_operators_dominated_by_an_envelope(seed):
+    """Lemma D2 abstractly (one channel): A = T_N^(1/2) B T_N^(1/2) with ||B|| <= 1 satisfies |<y, A b>| <=
+    (y^T T_N y)^(1/2) (b^T T_N b)^(1/2), the majorant inequality the lemma rests on. With Q the top k eigenvectors of
+    T_N, delta = lambda_{k+1}, c = lambda_1 - lambda_{k+1}, ell2 = ||Pi A Pi^perp||^2: ||A Pi^perp||^2 <= m22. Seed 0 is
+    the extremal case (T_N = diag(1 (k times), delta, ...), B = e_1 e_{k+1}^T): there ||A Pi^perp||^2 = delta > delta^2
+    and m22 = delta exactly, so neither delta^2 alone nor a smaller root would do."""
+    rng = np.random.default_rng(seed)
+    n, k = 12, 3
+    if seed == 0:
+        dl = 0.3
+        lam = np.array([1.0] * k + [dl] * (n - k))
+        V = np.eye(n)
+        B = np.zeros((n, n))
+        B[0, k] = 1.0
+    else:
+        lam = np.sort(rng.uniform(0.0, 1.0, n))[::-1]
+        V = np.linalg.qr(rng.standard_normal((n, n)))[0]
+        B = rng.standard_normal((n, n))
+        B /= np.linalg.norm(B, 2)
+    half = V @ np.diag(np.sqrt(lam)) @ V.T
+    A = half @ B @ half
+    Q = V[:, :k]
+    Pi = Q @ Q.T
+    Pp = np.eye(n) - Pi
+    delta, c = float(lam[k]), float(lam[0] - lam[k])
+    ell2 = float(np.linalg.norm(Pi @ A @ Pp, 2)) ** 2
+    want = float(np.linalg.norm(A @ Pp, 2)) ** 2
+    m22 = df.complement_gram_bound(delta, c, ell2)
+    assert want <= m22 * (1 + 1e-12)
+    if seed == 0:
+        assert want > delta ** 2 * 2 and m22 == pytest.approx(dl, rel=1e-12) and want == pytest.approx(dl, rel=1e-12)
+
+
+def test_kernel_application_and_pairwise_products_carry_their_errors():
+    """apply_kernel adds kappa_h e_X for an input known to e_X (and its own rounding); _pairwise gives every block
+    exactly as _mm would (value and error), inputs' errors included."""
+    rng = np.random.default_rng(12)
+    layer = random_layer(rng, 2, 2, 2, 2.0, 2.0)
+    f = df.kernel_factors(params(*layer), 4, 5)
+    Y = torch.tensor(rng.standard_normal((20, 3)))
+    exact = df.apply_kernel(f[1], df._Approx(Y, 0.0))
+    noisy = df.apply_kernel(f[1], df._Approx(Y, 0.25), transpose=True)
+    assert noisy.err >= exact.err + f[1]["kappa"] * 0.25 * (1 - 1e-12) and exact.err > 0
+    Xs = [df._Approx(torch.tensor(rng.standard_normal((6, 4))), e) for e in (0.0, 0.01)]
+    Ys = [df._Approx(torch.tensor(rng.standard_normal((6, 5))), e) for e in (0.02, 0.0, 0.003)]
+    blocks = df._pairwise(Xs, Ys, tX=True)
+    for i, x in enumerate(Xs):
+        for j, y in enumerate(Ys):
+            want = df._mm(x, y, tX=True)
+            assert torch.equal(blocks[i][j].val, want.val) or torch.allclose(blocks[i][j].val, want.val, rtol=1e-15)
+            assert blocks[i][j].err == pytest.approx(want.err, rel=1e-12)
+
+
+def test_gram_matrices_with_a_basis_off_orthonormal():
+    """gram_matrices for a Q at distance ~1e-4 from orthonormal (eta ~ 2e-4) against the dense M11, X, GB of its
+    orthonormalisation Qbar = Q (Q^T Q)^(-1/2) (what the bound is about): the eta terms must carry the difference."""
+    rng = np.random.default_rng(19)
+    layer = random_layer(rng, 3, 2, 2, 2.0, 2.5)
+    H, W = 4, 5
+    T = dense_T(*layer, H, W)
+    C = layer[3].shape[0]
+    Q0 = np.linalg.qr(rng.standard_normal((H * W, 4)))[0]
+    Q = Q0 + 1e-4 * rng.standard_normal(Q0.shape)
+    w, V = np.linalg.eigh(Q.T @ Q)
+    Qbar = Q @ V @ np.diag(w ** -0.5) @ V.T
+    eta = df.orthonormality_defect(torch.tensor(Q))
+    assert 1e-5 < eta < 1e-3
+    M11, X, GB = df.gram_matrices(params(*layer), H, W, torch.tensor(Q), eta)
+    E = np.kron(Qbar, np.eye(C))
+    Pp = np.kron(np.eye(H * W) - Qbar @ Qbar.T, np.eye(C))
+    R = Pp @ T.T @ T @ E
+    want = {"M11": (T @ E).T @ (T @ E), "X": R.T @ R, "GB": (Pp @ T.T @ E).T @ (Pp @ T.T @ E)}
+    for name, got in (("M11", M11), ("X", X), ("GB", GB)):
+        diff = np.linalg.norm(got.val.numpy() - want[name], 2)
+        assert 1e-9 < diff <= got.err, name  # the basis' defect shows, and is covered

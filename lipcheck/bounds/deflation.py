@@ -362,10 +362,21 @@ def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float)
 
 def complement_gram_bound(delta: float, c: float, ell2: float) -> float:
     """m22 >= ||T b||^2 / ||b||^2 for b in U^perp (Lemma D2): the root (delta^2 + sqrt(delta^4 + 4 delta c ell2)) / 2,
-    rounded up (eight operations, each <= u relative, on non-negative numbers; the function increases in each)."""
+    evaluated upwards: every operation on non-negative numbers errs by <= u relative plus half the smallest subnormal
+    eta (underflow: delta^4 vanishes below delta ~ 1e-77), each covered by a factor (1 + 2u) and an added eta (the
+    root increases in every input; a square root of a subnormal is normal, so relative)."""
+    if not (delta >= 0 and c >= 0 and ell2 >= 0):
+        raise ValueError(f"Lemma D2 needs delta, c, ell2 >= 0 (got {delta}, {c}, {ell2}): not certified")
     u = rounding.unit_roundoff(torch.float64)
-    d2 = delta * delta
-    return _up((d2 + math.sqrt(d2 * d2 + 4 * delta * c * ell2)) / 2 * (1 + 16 * u))
+    eta = rounding.tiny_subnormal(torch.float64)
+    up = 1 + 2 * u
+
+    def mul(a: float, b: float) -> float:
+        return a * b * up + eta
+
+    d2 = mul(delta, delta)
+    inner = (mul(d2, d2) + mul(mul(mul(4.0, delta), c), ell2)) * up + eta
+    return _up(((d2 + math.sqrt(inner) * up) * up / 2) * up + eta)
 
 
 def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, eta: float):
@@ -374,6 +385,8 @@ def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, 
     for r = fl(1/g) (g from choose_gram_shift; g' = 1/r exact) Lambda >= lambda_max(M11 + r X) of the exact matrices
     (the stored fl(M11^ + fl(r X^)) errs by <= e_M11 + r e_X + gamma_2 (||M11^||_F + r ||X^||_F)) and tau =
     max(Lambda, m22 + g'), rounded up."""
+    if not (delta >= 0 and c >= 0 and eta >= 0):
+        raise ValueError(f"Theorem D4 needs delta, c, eta >= 0 (got {delta}, {c}, {eta}): not certified")
     u = rounding.unit_roundoff(torch.float64)
     with sp.single_thread():
         lb = float(rounding.verified_lambda_max(GB.val, tries=CERTIFY_TRIES))
@@ -388,6 +401,8 @@ def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, 
     if not (math.isfinite(lam) and math.isfinite(m22)):
         raise ValueError("the Gram-deflated bound's Cholesky certificate failed at every pad: not certified")
     tau = max(_up(lam + err), _up(m22 + _up(1.0 / r)))
+    if not math.isfinite(tau):
+        raise ValueError("Theorem D4's bound came out non-finite: not certified")
     return tau, max(est, m22 + g), dict(m22=m22, ell2=ell2, g=g)
 
 

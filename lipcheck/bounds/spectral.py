@@ -465,7 +465,7 @@ def anchor_verification(S: torch.Tensor, s1: torch.Tensor, u1: torch.Tensor, v1:
     delta = torch.where(delta < 0.1, delta, torch.full_like(delta, math.inf))
     # underflow (a symbol of underflowing kernels has subnormal entries): every real operation may add an absolute
     # error of at most eta, which no relative gamma covers; each allowance below gets its count of them
-    eta = rounding._eta(torch.float64)
+    eta = rounding.tiny_subnormal(torch.float64)
     SF = (rounding.sum_of_squares(S) * (1 + g(4 * C * C + 4)) + 2 * C * C * eta).sqrt() * (1 + g(2))  # 2 C^2 squares
     nu, nv = (nu2 * (1 + g(2 * C + 4))).sqrt(), (nv2 * (1 + g(2 * C + 4))).sqrt()  # >= ||u1||, ||v1||
     Rv = (S @ v1[..., None]).squeeze(-1) - s1[:, None] * u1
@@ -557,7 +557,7 @@ class SymbolNorm:
         eS = 2 * self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
         # + 8 eta: the sums and hypots may underflow (subnormal symbols)
         top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8)) \
-            + 8 * rounding._eta(torch.float64)
+            + 8 * rounding.tiny_subnormal(torch.float64)
         new = dict(c=c.to(self.cdt), s1=s1, t=t, Gu=Gu, Gv=Gv, eS=eS, top=top, **v)
         self.anchors.append(new)
         self._last_values = s1
