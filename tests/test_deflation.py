@@ -357,6 +357,7 @@ def test_default_k_rule_and_the_default_call():
     assert [df.default_k(n * n, 192) for n in (3, 14, 16, 32, 64)] == [8, 10, 11, 24, 24]
     assert [df.default_k(1024, C) for C in (48, 384, 768)] == [41, 12, 10]
     assert df.default_k(2, 1) == 1 and df.default_k(4096, 1) == 164
+    assert [df.default_k(10 ** 5, C) for C in (11, 419, 4608, 4609)] == [418, 10, 10, 10]  # 4608 // C exactly
     rng = np.random.default_rng(8)
     layer = random_layer(rng, 2, 2, 2, 1.5, 2.0)
     b = df.deflated_bound(params(*layer), 3, 3, **FAST)
@@ -587,3 +588,36 @@ def test_gram_matrices_with_a_basis_off_orthonormal():
     for name, got in (("M11", M11), ("X", X), ("GB", GB)):
         diff = np.linalg.norm(got.val.numpy() - want[name], 2)
         assert 1e-9 < diff <= got.err, name  # the basis' defect shows, and is covered
+
+
+def test_returned_fields_describe_the_bound_returned():
+    """On the layer where Theorem D3 lands above its envelope's majorant (the property test's example), the majorant's
+    upper, estimate and margin are returned together; Theorem D4 beats the majorant there and reports its own (margin
+    = upper - estimate). seconds is the call's own wall time."""
+    import time
+    rng = np.random.default_rng(856008)
+    p = params(*random_layer(rng, 1, 2, 2, 1.3, 0.51))
+    env = df.envelope_toeplitz(p, 4, 4, k=8, time_budget=600.0, max_rounds=4)
+    mb = env[2]
+    with using("D3"):
+        b3 = df.deflated_bound(p, 4, 4, k=8, envelope=env)
+    assert b3.info["upper_from"] == "majorant" and b3.info["deflated"] > mb.upper
+    assert (b3.upper, b3.estimate, b3.margin) == (mb.upper, mb.estimate, mb.margin)
+    t0 = time.perf_counter()
+    b4 = df.deflated_bound(p, 4, 4, k=8, envelope=env)
+    wall = time.perf_counter() - t0
+    assert b4.info["upper_from"] == "D4" and b4.upper < mb.upper
+    assert b4.margin == pytest.approx(b4.upper - b4.estimate, rel=1e-6) and b4.margin > 0
+    assert 0 < b4.seconds <= wall
+
+
+def test_sym_covers_its_rounding():
+    """_sym against the exact symmetric part (exact rationals) of a matrix with entries near 1e6: the rounding of
+    X + X^T is covered by the declared 2u ||X||_F."""
+    from fractions import Fraction
+    rng = np.random.default_rng(23)
+    X = torch.tensor(rng.standard_normal((6, 6)) * 1e6)
+    S = df._sym(df._Approx(X, 0.0))
+    ex = [[(Fraction(float(X[i, j])) + Fraction(float(X[j, i]))) / 2 for j in range(6)] for i in range(6)]
+    diff = _exact_fro_diff(S.val, ex)
+    assert 0 < diff <= S.err
