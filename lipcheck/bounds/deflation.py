@@ -26,7 +26,7 @@ delta I + c Q Q^T) and ell2 >= ||Pi T Pi^perp||^2 (Lemma D2), and for x = a + b
     x^T M x <= a^T (M11 + X / g) a + (m22 + g) ||b||^2,   M11 = Pi M Pi,  X = Pi M Pi^perp M Pi,  any g > 0,
 
 so ||T||^2 <= max(lambda_max(M11 + X / g), m22 + g): the coupling enters through X, second order in the part of the
-top eigenvector outside U (0.39 % at that 32 x 32 layer, k = 12). X has h^4 Kronecker terms; beyond GRAM_BUDGET
+top eigenvector outside U (0.43 % at that 32 x 32 layer, k = 12, docs/exactness.md). X has h^4 Kronecker terms; beyond GRAM_BUDGET
 (12 heads) Theorem D3 is used. The phases inside U are kept exactly. Every matrix is formed in float64 with an
 error bound in spectral norm (`_Approx`), the definiteness checked by a floating-point Cholesky factorisation with
 Rump's shift (rounding.cholesky_certifies), and Q's departure from orthonormality is part of the error.
