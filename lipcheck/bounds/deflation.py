@@ -245,12 +245,12 @@ def _deflect(Qa: _Approx, Y: _Approx) -> _Approx:
     return _sub(Y, _mm(Qa, _mm(Qa, Y, tX=True)))
 
 
-def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, *, factors=None):
     """Per head, as _Approx of exact quantities for the orthonormal Qbar (span(Q)): (L_h = Q^T K_h Q,
     Z_h = (I - Q Q^T) K_h Q, K_h Q) and the same for K_h^T, from `apply_kernel` with Q standing for Qbar (error eta, so
     ||K_h Q - K_h Qbar|| <= kappa_h eta)."""
     Qa = _Approx(Q, eta)
-    f = kernel_factors(q, H, W)
+    f = kernel_factors(q, H, W) if factors is None else factors
     out = []
     for h in range(q.num_heads):
         blocks = {}
@@ -314,6 +314,15 @@ def certify_block(A: _Approx, GC: _Approx, GB: _Approx, delta: float, eps: float
     raise ValueError("the deflated majorant's Cholesky certificate failed at every pad: not certified")
 
 
+def _gram_kron(Ts: list[_Approx], Cs: list[list[_Approx]]) -> _Approx:
+    """sym(sum_{i,j} (T_i^T T_j) kron C[i][j]): the Gram matrix of a map sum_i T_i kron (channel part i) in the
+    coordinates (token function, channel), given its channel products C[i][j]; one home for GC, GB, M11 and X."""
+    tt = _pairwise(Ts, Ts, tX=True)
+    n = len(Ts)
+    return _sym(_kron_sum([tt[i][j] for i in range(n) for j in range(n)],
+                          [Cs[i][j] for i in range(n) for j in range(n)], transpose_P=False))
+
+
 def block_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
     """(A, GC, GB) of Theorem D3 as _Approx for U = span(Q) kron R^C (Q's columns orthonormal up to eta), each
     (k C x k C) with rows and columns (token function, channel): A = sum_h L_h kron P_h^T, GC = sum_{h,g}
@@ -322,15 +331,8 @@ def block_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float
     P = head_projections(q)
     hh = range(q.num_heads)
     A = _kron_sum([blocks[h]["K"][0] for h in hh], P, transpose_P=True)  # (Q^T T Q): [(i,c),(j,d)] = L_h[i,j] P_h[d,c]
-    GCl, GCr, GBl, GBr = [], [], [], []
-    for h in hh:
-        for g in hh:
-            GCl.append(_mm(blocks[h]["K"][1], blocks[g]["K"][1], tX=True))
-            GCr.append(_mm(P[h], P[g], tY=True))  # P_h P_g^T
-            GBl.append(_mm(blocks[h]["Kt"][1], blocks[g]["Kt"][1], tX=True))
-            GBr.append(_mm(P[h], P[g], tX=True))  # P_h^T P_g
-    GC = _sym(_kron_sum(GCl, GCr, transpose_P=False))
-    GB = _sym(_kron_sum(GBl, GBr, transpose_P=False))
+    GC = _gram_kron([blocks[h]["K"][1] for h in hh], _pairwise(P, P, tY=True))  # P_h P_g^T
+    GB = _gram_kron([blocks[h]["Kt"][1] for h in hh], _pairwise(P, P, tX=True))  # P_h^T P_g
     return A, GC, GB
 
 
@@ -339,24 +341,19 @@ def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float)
     function, channel), M = T^T T: M11 = Pi M Pi = sum_{h,g} (Q^T K_h^T K_g Q) kron (P_h P_g^T), X the Gram matrix of
     alpha -> Pi^perp M a = sum_{(h,g),(h',g')} (W_hg^T W_h'g') kron (F_hg F_h'g'^T) with W_hg = (I - Q Q^T) K_h^T K_g Q,
     F_hg = P_g P_h^T, and GB as in `block_matrices` (proofs/S2.md, 'Theorem D4'). X has h^4 terms."""
-    blocks, _ = token_blocks(q, H, W, Q, eta)
     f = kernel_factors(q, H, W)
+    blocks, _ = token_blocks(q, H, W, Q, eta, factors=f)
     Qa = _Approx(Q, eta)
     P = head_projections(q)
     hh = range(q.num_heads)
     pairs = [(h, g) for h in hh for g in hh]
     KQ = [blocks[h]["K"][2] for h in hh]
-    Zt = [blocks[h]["Kt"][1] for h in hh]
-    kk, pp = _pairwise(KQ, KQ, tX=True), _pairwise(P, P, tY=True)  # K_h Q . K_g Q, P_h P_g^T
-    M11 = _sym(_kron_sum([kk[h][g] for h, g in pairs], [pp[h][g] for h, g in pairs], transpose_P=False))
-    zz, qq = _pairwise(Zt, Zt, tX=True), _pairwise(P, P, tX=True)  # P_h^T P_g
-    GB = _sym(_kron_sum([zz[h][g] for h, g in pairs], [qq[h][g] for h, g in pairs], transpose_P=False))
+    pp = _pairwise(P, P, tY=True)  # P_h P_g^T
+    M11 = _gram_kron(KQ, pp)
+    GB = _gram_kron([blocks[h]["Kt"][1] for h in hh], _pairwise(P, P, tX=True))  # P_h^T P_g
     Wm = [_deflect(Qa, apply_kernel(f[h], KQ[g], transpose=True)) for h, g in pairs]
     F = [pp[g][h] for h, g in pairs]  # P_g P_h^T
-    ww, ff = _pairwise(Wm, Wm, tX=True), _pairwise(F, F, tY=True)
-    n = len(pairs)
-    X = _sym(_kron_sum([ww[i][j] for i in range(n) for j in range(n)],
-                       [ff[i][j] for i in range(n) for j in range(n)], transpose_P=False))
+    X = _gram_kron(Wm, _pairwise(F, F, tY=True))
     return M11, X, GB
 
 
