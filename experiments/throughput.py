@@ -245,7 +245,8 @@ def flatten(results: list[dict]) -> list[dict]:
     for r in results:
         if "results" in r:
             for sub in r["results"]:
-                out.append(dict(sub, wall_s=r.get("wall_s"), threads_used=r.get("threads_used")))
+                out.append(dict(sub, wall_s=r.get("wall_s"), threads_used=r.get("threads_used"),
+                                solver=r.get("solver")))
         elif "mixers" in r["config"]:  # the row worker itself failed (timeout, killed): every mixer failed
             for m in r["config"]["mixers"]:
                 cfg = {k: v for k, v in r["config"].items() if k != "mixers"}
@@ -311,6 +312,14 @@ def analyse(results: list[dict]) -> dict:
         row["throughput_batch"] = s["tp_batch"] if tp_ok else None
         row["tp_speedup_vs_sdpa"] = b["tp_median_s"] / s["tp_median_s"] if tp_ok else None
         row["tp_fraction_of_mac_ratio"] = row["tp_speedup_vs_sdpa"] / mr if tp_ok and mr else None
+        solver = (by.get("ssog") or {}).get("solver") or {}
+        row["solver_s"] = solver.get("median_s") if solver.get("status", "ok") == "ok" else None
+        row["solver_nfe"] = solver.get("nfe")
+        # the same ratios with the solver's own work (the same for both mixers, no multiply-adds) taken out of both
+        st = row["solver_s"]
+        ok = st is not None and s["status"] == "ok" and b["status"] == "ok" and s["median_s"] > st
+        row["speedup_without_solver"] = (b["median_s"] - st) / (s["median_s"] - st) if ok else None
+        row["fraction_without_solver"] = row["speedup_without_solver"] / mr if ok and mr else None
         rows.append(row)
     return {"rows": rows}
 
@@ -476,6 +485,8 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                      + (f"holds in all {len(fr)}" if not miss else f"**missed in {len(miss)} of {len(fr)}**: " + "; ".join(
                          f"{r['width']} {r['resolution']} {r['variant']} {r['mode']} "
                          f"{'batch ' + str(r['throughput_batch']) if tag else 'batch 1'}: {val(r, tag):.2f}"
+                         + (f" ({r['fraction_without_solver']:.2f} without the ODE solver's own work, section 2)"
+                            if not tag and r.get("fraction_without_solver") else "")
                          for r, tag in miss))
                      + f" (lowest {must['model_fraction_target']['min_fraction']:.2f}).")
         at224 = [(r, tag) for r, tag in fr if r["resolution"] == 224]
@@ -506,6 +517,32 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
         md += [report.md_table(["grid", "C", "load", "MAC ratio", "B", "SSoG ms", "SDPA ms", "x vs SDPA", "frac",
                                 "TB", "SSoG ms @TB", "SDPA ms @TB", "x vs SDPA @TB", "frac @TB", "output check"], trows), ""]
     return md
+
+
+def _solver_md(rows: list[dict], must: dict) -> list[str]:
+    """The ODE rows' solver work: time per forward of the fixed-step solver on a vector field that costs nothing
+    (bench.solver_seconds), its share of each model's time, and the ratios with it taken out of both."""
+    srows = [r for r in rows if r.get("solver_s") is not None]
+    if not srows:
+        return []
+    must["ode_solver"] = [dict(width=r["width"], resolution=r["resolution"], method=r["method"], load=r.get("load"),
+                               nfe=r.get("solver_nfe"), solver_s=r["solver_s"], ssog_s=r["ssog"]["median_s"],
+                               sdpa_s=r["sdpa"]["median_s"], fraction=r["speedup_fraction_of_mac_ratio"],
+                               fraction_without_solver=r["fraction_without_solver"]) for r in srows]
+    share = lambda r, m: _f(100 * r["solver_s"] / r[m]["median_s"]) + " %" if r[m]["median_s"] else "-"
+    table = [[r["width"], r["resolution"], r["method"], r.get("load", "-"), r.get("solver_nfe") or "-",
+              _f(1e3 * r["solver_s"]), _f(1e3 * r["ssog"]["median_s"]) if r["ssog"]["median_s"] else "-",
+              _f(1e3 * r["sdpa"]["median_s"]) if r["sdpa"]["median_s"] else "-", share(r, "ssog"), share(r, "sdpa"),
+              _f(r["speedup_fraction_of_mac_ratio"]), _f(r["fraction_without_solver"])] for r in srows]
+    return ["### The ODE solver's own work (batch 1, inference)", "",
+            "The fixed-step solver's arithmetic on the state (torchdiffeq's stage combinations and copies of the "
+            "solution, lipcheck's NFE and finiteness watch), timed in the row's process on the row's own embedded "
+            "input and step grid with a vector field that costs nothing (`bench.solver_seconds`): it is the same "
+            "for both mixers and no multiply-add count includes it, so it weighs on the faster model's ratio. "
+            "`frac` is the table's; `frac w/o solver` the same quotient with the solver's time taken out of both "
+            "models' times. The targets above are judged on `frac`.", "",
+            report.md_table(["width", "res", "method", "load", "NFE", "solver ms", "SSoG ms", "SDPA ms",
+                             "solver / SSoG", "solver / SDPA", "frac", "frac w/o solver"], table), ""]
 
 
 def _ips(r):
@@ -704,6 +741,7 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
                       _mem(r["sdpa"]), _mem(r["math"]), _f(r["memory_ratio_vs_math"]), _f(r["memory_ratio_vs_sdpa"]),
                       nfe, r["ssog"]["backend"] or "-", _check(r)])
     md += [report.md_table(header, table), ""]
+    md += _solver_md(rows, must)
     errs = [(r, m) for r in rows for m in ("ssog", "sdpa", "math") if r[m]["status"] not in ("ok", "missing")]
     if errs:
         md += ["Configurations that did not finish (out of memory under the per-configuration cap of "

@@ -6,7 +6,8 @@ Two halves:
 - measurement (`measure`, `measure_row`, `run_config`): one configuration per subprocess. `measure`
   times one module; `measure_row` times the mixers of one report row (SSoG and attention built from
   the same seed) alternately in one process, at batch 1 and at a throughput batch, so that their ratio
-  is measured under the same machine load, then takes one memory step each. A configuration may ask
+  is measured under the same machine load, then takes one memory step each (and, for a fixed-step ODE
+  row in inference, times the solver's own work: `solver_seconds`). A configuration may ask
   for torch's default thread count (threads = 0) and for a competing busy process (busy = true). A step is one forward (inference) or forward + backward + SGD update
   (training). After warm-up, every repeat is timed (CUDA events on GPU). Peak memory is what a
   step adds: on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation before,
@@ -338,6 +339,42 @@ def measure(cfg: dict) -> dict:
     return out
 
 
+class _FreeBlock(torch.nn.Module):
+    """A block whose vector field costs nothing: it returns one fixed tensor of the state's shape."""
+
+    def __init__(self, f: torch.Tensor):
+        super().__init__()
+        self.f = f
+
+    def vector_field(self, x):
+        return self.f
+
+
+def solver_seconds(flow, x0: torch.Tensor, *, warmup: int = 1, repeats: int = 3) -> dict:
+    """The ODE solver's own work per forward: `flow`'s method, grid and t1 on x0 with a vector field that costs
+    nothing (a fixed small tensor), so that what is timed is torchdiffeq's arithmetic on the state (the stage
+    combinations, the solution's copies) and lipcheck's NFE and finiteness watch: the part of an ODE model's time
+    that is the same for every mixer and that no multiply-add count includes. Fixed-step methods only (an adaptive
+    one would take other steps on another field)."""
+    from .models.ode import FIXED_STEP, ODEFlow, VectorField
+    if flow.method not in FIXED_STEP:
+        raise ValueError(f"solver_seconds needs a fixed-step method ({FIXED_STEP}), got {flow.method!r}")
+    gen = torch.Generator(device=x0.device).manual_seed(0)
+    f = 1e-3 * torch.randn(x0.shape, generator=gen, device=x0.device, dtype=x0.dtype)
+    free = ODEFlow(VectorField(_FreeBlock(f)), t1=flow.t1, method=flow.method, rtol=flow.rtol, atol=flow.atol,
+                   options=flow.options)
+    times = []
+    with torch.inference_mode():
+        for rep in range(warmup + repeats):
+            t0 = time.perf_counter()
+            free(x0)
+            if x0.device.type == "cuda":
+                torch.cuda.synchronize(x0.device)
+            if rep >= warmup:
+                times.append(time.perf_counter() - t0)
+    return dict(**summarize(times), times_s=times, nfe=int(free.last_nfe))
+
+
 def _failure(e: BaseException) -> dict:
     if _is_oom(e):
         return dict(status="oom", error=str(e).splitlines()[0][:300])
@@ -429,6 +466,17 @@ def measure_row(cfg: dict) -> dict:
     for m, t in times.items():
         if m in live:
             res[m].update(status="ok", **summarize(t), times_s=t, images_per_s=B / statistics.median(t))
+    from .models.ode import FIXED_STEP
+    solver = None
+    first = next(iter(live.values()), None)
+    flow = getattr(first["module"], "flow", None) if first else None
+    if mode == "inference" and flow is not None and flow.method in FIXED_STEP:
+        try:  # batch 1, the row's own flow settings and embedded input
+            with torch.inference_mode():
+                x0 = first["module"].embed(first["x"])
+            solver = solver_seconds(flow, x0, warmup=int(cfg.get("warmup", 1)), repeats=int(cfg.get("repeats", 3)))
+        except Exception as e:  # noqa: BLE001 - an extra measurement; the row stands without it
+            solver = _failure(e)
     if TB > B and live:
         for m, L in live.items():
             L["xt"], L["lt"] = make_inputs(res[m]["config"], L["module"], TB, device, dtype)
@@ -460,8 +508,10 @@ def measure_row(cfg: dict) -> dict:
         except Exception as e:  # noqa: BLE001
             res[m].update(_failure(e))
     status = "ok" if all(r.get("status") == "ok" for r in res.values()) else "partial"
-    return {"config": cfg, "status": status, "threads_used": torch.get_num_threads(),
-            "results": list(res.values())}
+    out = {"config": cfg, "status": status, "threads_used": torch.get_num_threads(), "results": list(res.values())}
+    if solver is not None:
+        out["solver"] = solver
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -195,6 +195,38 @@ def test_report_ratios_and_oom_rows(tmp_path):
     assert must["2_at_top_resolution"][0]["memory_holds"] is False  # no measurement: not claimed
 
 
+def test_ode_row_measures_its_solver_and_the_ratios_without_it():
+    """An ODE row in inference also times its fixed-step solver on a free vector field, over the model's own step grid
+    (as many evaluations as the model takes); the report takes that time out of both models' times:
+    speed-up without solver = (t_sdpa - t_solver) / (t_ssog - t_solver). Adaptive methods are refused."""
+    cfg = dict(kind="model", width="tiny", resolution=32, variant="ode", method="rk4", rk4_steps=3, mode="inference",
+               mixers=["ssog", "sdpa"], warmup=0, repeats=1, threads=1)
+    row = bench.measure_row(cfg)
+    assert row["status"] == "ok", row
+    nfe = {r["config"]["mixer"]: r["nfe"] for r in row["results"]}
+    assert row["solver"]["nfe"] == nfe["ssog"] == nfe["sdpa"] == 12
+    assert row["solver"]["median_s"] > 0 and len(row["solver"]["times_s"]) == 1
+    train = bench.measure_row(dict(cfg, mode="train"))
+    assert "solver" not in train  # a training step's solver work is not measured
+    flow = bench.build_module(dict(cfg, mixer="ssog", method="dopri5"), torch.device("cpu"), torch.float32).flow
+    with pytest.raises(ValueError, match="fixed-step"):
+        bench.solver_seconds(flow, torch.zeros(1, 4, 4, 48))
+
+    # the report's arithmetic on hand-built results
+    fake = []
+    for mixer, t in (("ssog", 0.5), ("sdpa", 2.0)):
+        c = dict(kind="model", mixer=mixer, mode="inference", width="ti", resolution=512, variant="ode",
+                 method="rk4", batch_size=1)
+        fake.append(dict(_fake(c, t, 1e6, nfe=12), solver=dict(median_s=0.1, nfe=12) if mixer == "ssog" else None))
+    r = throughput.analyse(fake)["rows"][0]
+    assert r["solver_s"] == 0.1 and r["speedup_vs_sdpa"] == pytest.approx(4.0)
+    assert r["speedup_without_solver"] == pytest.approx(1.9 / 0.4)
+    assert r["fraction_without_solver"] == pytest.approx(r["speedup_without_solver"] / r["mac_ratio_vs_sdpa"])
+    must = {}
+    md = "\n".join(throughput._solver_md([r], must))
+    assert "| ti | 512 | rk4 |" in md and must["ode_solver"][0]["fraction_without_solver"] == r["fraction_without_solver"]
+
+
 def test_mixer_rounds_are_pooled():
     """Interleaved rounds of one mixer-alone configuration become one row: all repeats, their median,
     the largest peak; a failed round marks the configuration as failed."""

@@ -1,8 +1,10 @@
 """The ViT variants: the linear ODE against the matrix exponential, training on a fixed batch,
 weight sharing, position-embedding resampling, and every bad input of SPEC section 6 they touch."""
 import contextlib
+import math
 
 import numpy as np
+
 import pytest
 import scipy.linalg
 import torch
@@ -201,6 +203,33 @@ def test_mlp_token_slices_equal_the_whole_product():
         sliced = mlp(x)
     assert sliced.shape == whole.shape
     assert torch.allclose(sliced, whole, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("hooked", [False, True])
+def test_mlp_token_slices_in_place_and_through_modules(bias, hooked):
+    """Both slicing paths (buffers written in place for plain Linear layers; the modules themselves when a hook
+    is registered) equal the one-shot product row by row, with and without biases, and the hooks see every slice."""
+    from lipcheck.models.vit import Mlp
+    torch.manual_seed(1)
+    mlp = Mlp(5, 20, dtype=torch.float64)
+    if not bias:
+        mlp.fc1.bias, mlp.fc2.bias = None, None
+    mlp.chunk_tokens, mlp.chunk_min_bytes = 8, 0
+    seen = []
+    if hooked:
+        mlp.fc2.register_forward_hook(lambda mod, inp, out: seen.append(out.shape[0]))
+    x = torch.randn(3, 4, 2, 5, dtype=torch.float64)  # 24 tokens: three slices of 8
+    w1, w2 = mlp.fc1.weight, mlp.fc2.weight
+    b1 = mlp.fc1.bias if bias else torch.zeros(20, dtype=torch.float64)
+    b2 = mlp.fc2.bias if bias else torch.zeros(5, dtype=torch.float64)
+    u = x.reshape(-1, 5) @ w1.T + b1
+    gelu = 0.5 * u * (1 + torch.erf(u / math.sqrt(2)))
+    expect = (gelu @ w2.T + b2).reshape(3, 4, 2, 5)
+    with torch.no_grad():
+        got = mlp(x)
+    assert torch.allclose(got, expect, rtol=0, atol=1e-13)
+    assert seen == ([8, 8, 8] if hooked else [])
 
 
 def test_mlp_token_slices_under_autocast():
