@@ -128,19 +128,22 @@ def choose_gram_shift(M11: torch.Tensor, X: torch.Tensor, m22: float, *, tol: fl
     increases monotonically to the root. An estimate only: any g > 0 gives a certified bound."""
     A, B = M11.numpy(), X.numpy()
     n = A.shape[0]
+    def top(g, v):  # (lambda(g), its eigenvector), warm-started at v
+        return top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+
     lam0, v = top_eigenvalue(lambda x: A @ x, n, None)
     scale = max(lam0, m22, 1e-300)
     g = max(lam0 - m22, 1e-3 * scale)
-    lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+    lam, v = top(g, v)
     for _ in range(steps):  # a start left of the root (h >= 0), else lambda(g) <= m22 + g already
         if lam >= m22 + g or g < 1e-12 * scale:
             break
         g /= 10
-        lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+        lam, v = top(g, v)
     for _ in range(steps):
         h = lam - m22 - g
         if h <= tol * scale:
             break
         g = g + h / (1 + float(v @ (B @ v)) / g ** 2)
-        lam, v = top_eigenvalue(lambda x: A @ x + (B @ x) / g, n, v)
+        lam, v = top(g, v)
     return g, lam
