@@ -333,4 +333,55 @@ for trial in range(4):  # ||T|| <= lambda_max(T_N(s)) with T_N(s) by periodic tr
     worst = max(worst, lam / exact - 1)
 check(f"||T|| <= lambda_max(T_N(||S||)) on 4 random 3x3 layers (loosest {worst:.2f} relative)", ok)
 
+# ---------------------------------------------------------------------------------------------------------------
+# Circulant Gram envelope (proofs/S2.md, 'Circulant Gram envelope')
+# Parseval with weights: (1/L) sum_w f(w) |x^(w)|^2 = x^T R_f x, R_f[j, j'] = (1/L) sum_w f(w) e^{-i w (j - j')}, for x
+# supported on n = 2 points of the L = 3 torus, f symbolic and even (f(w_1) = f(w_2))
+xs = sp.symbols("x0:2", real=True)
+f0, f1 = sp.symbols("f0 f1", positive=True)
+Lt = 3
+fw = [f0, f1, f1]
+ws = [2 * sp.pi * a / Lt for a in range(Lt)]
+lhs = sum(fw[a] * sp.Abs(sum(xs[j] * sp.exp(-sp.I * ws[a] * j) for j in range(2))) ** 2 for a in range(Lt)) / Lt
+Rf = sp.Matrix(2, 2, lambda j, jp: sum(fw[a] * sp.exp(-sp.I * ws[a] * (j - jp)) for a in range(Lt)) / Lt)
+rhs = (sp.Matrix([xs]) * Rf * sp.Matrix(xs))[0]
+check("weighted Parseval on the torus: (1/L) sum f |x^|^2 = x^T R_f x",
+      sp.simplify(sp.expand_complex(sp.expand(lhs - rhs))) == 0)
+check("R_f is real for even f", sp.simplify(sp.im(sp.expand_complex(Rf[0, 1]))) == 0)
+# the angle 2 pi m / L from fl(2 pi) (relative u), one product and one division: (1 + u)^3 - 1 <= 3.01 u for u <= 2^-24
+uu = sp.symbols("u", positive=True)
+check("trig_error: (1 + u)^3 - 1 <= 3.01 u (u <= 2^-24)",
+      sp.simplify(((1 + uu) ** 3 - 1 - sp.Rational(301, 100) * uu).subs(uu, sp.Rational(1, 2 ** 24))) < 0
+      and sp.diff((1 + uu) ** 3 - 1 - sp.Rational(301, 100) * uu, uu).subs(uu, sp.Rational(1, 2 ** 24)) < 0)
+# Lemma G1 numerically: T^T T <= R_f kron I on random 2-D layers (f = ||S_L||^2 at the (2H-1) x (2W-1) torus)
+ok, worst = True, 0.0
+for trial in range(4):
+    Hn, Wn, C, hh = 3, 4, 4, 2
+    d = C // hh
+    alpha = rng2.standard_normal((hh, 2))
+    mu = rng2.uniform(-2.5, 2.5, (hh, 2, 2))
+    sig = rng2.uniform(0.3, 1.5, (hh, 2, 2))
+    WV, WO = rng2.standard_normal((C, C)), rng2.standard_normal((C, C))
+    Ps = [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(hh)]
+    ax = lambda n, m0, s0: _taps(np.arange(n)[:, None] - np.arange(n)[None, :], m0, s0)  # noqa: E731
+    T = sum(np.kron(sum(alpha[i, m] * np.kron(ax(Hn, mu[i, m, 0], sig[i, m, 0]), ax(Wn, mu[i, m, 1], sig[i, m, 1]))
+                        for m in range(2)), Ps[i].T) for i in range(hh))
+    L1, L2 = 2 * Hn - 1, 2 * Wn - 1
+    ky, kx = np.arange(-(Hn - 1), Hn), np.arange(-(Wn - 1), Wn)
+    wy, wx = 2 * np.pi * np.arange(L1) / L1, 2 * np.pi * np.arange(L2) / L2
+    gh = lambda w, k, m0, s0: np.exp(-1j * w[:, None] * k[None]) @ _taps(k, m0, s0)  # noqa: E731
+    c = np.zeros((L1, L2, hh), dtype=complex)
+    for i in range(hh):
+        for m in range(2):
+            c[:, :, i] += alpha[i, m] * np.outer(gh(wy, ky, mu[i, m, 0], sig[i, m, 0]), gh(wx, kx, mu[i, m, 1], sig[i, m, 1]))
+    f2 = np.linalg.norm(np.einsum("abh,hij->abij", c, np.array(Ps)), ord=2, axis=(2, 3)) ** 2
+    y, x = np.meshgrid(np.arange(Hn), np.arange(Wn), indexing="ij")
+    E = np.exp(-1j * (wy[:, None, None] * y.reshape(-1) + wx[None, :, None] * x.reshape(-1))).reshape(L1 * L2, -1)
+    R = ((E.conj().T * f2.reshape(-1)) @ E / (L1 * L2)).real
+    G = T.T @ T
+    low = np.linalg.eigvalsh(np.kron(R, np.eye(C)) - G)[0]
+    ok &= low >= -1e-10 * np.linalg.norm(G, 2)
+    worst = max(worst, math.sqrt(np.linalg.eigvalsh(R)[-1] / np.linalg.norm(G, 2)) - 1)
+check(f"T^T T <= R_f kron I on 4 random 3x4 layers (lambda_max(R_f)^(1/2) at most {worst:.2f} above ||T||)", ok)
+
 sys.exit(1 if failures else 0)

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from lipcheck.bounds import deflation as df
 from test_majorant import axis, dense_norm, dense_T, params, random_layer
 
-FAST = dict(time_budget=600.0, max_rounds=4)  # stopped by rounds: the same result on any machine
+# stopped by rounds: the same result on any machine; the Toeplitz majorant's envelope (tests/test_gram_envelope.py
+# covers complement='gram')
+FAST = dict(time_budget=600.0, max_rounds=4, complement="majorant")
 
 
 @contextlib.contextmanager
@@ -209,7 +211,7 @@ def test_report_fields_and_the_envelope_budget():
         assert all(0 < v < 1e-6 * b.upper and math.isfinite(v) for v in b.info["errors"].values())
         assert b.estimate <= b.upper and b.margin >= 0 and 0 < b.info["eta"] < 1e-12
     assert 1 <= b.info["envelope_rounds"] <= 4
-    b0 = df.deflated_bound(params(*layer), 5, 4, k=6, time_budget=0.0, max_rounds=50)
+    b0 = df.deflated_bound(params(*layer), 5, 4, k=6, time_budget=0.0, max_rounds=50, complement="majorant")
     assert b0.info["envelope_rounds"] == 0
     assert b0.upper >= dense_norm(*layer, 5, 4) * (1 - 1e-12)
 

@@ -40,6 +40,7 @@ import time
 import torch
 
 from .. import gaussian, rounding
+from . import gram_envelope as ge
 from . import majorant as mj
 from . import spectral as sp
 from .deflation_search import choose_gram_shift, choose_parameters
@@ -336,11 +337,12 @@ def block_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float
     return A, GC, GB
 
 
-def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float):
+def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, *, with_GB: bool = True):
     """(M11, X, GB) of Theorem D4 as _Approx for U = span(Q) kron R^C, each (k C x k C) with rows and columns (token
     function, channel), M = T^T T: M11 = Pi M Pi = sum_{h,g} (Q^T K_h^T K_g Q) kron (P_h P_g^T), X the Gram matrix of
     alpha -> Pi^perp M a = sum_{(h,g),(h',g')} (W_hg^T W_h'g') kron (F_hg F_h'g'^T) with W_hg = (I - Q Q^T) K_h^T K_g Q,
-    F_hg = P_g P_h^T, and GB as in `block_matrices` (proofs/S2.md, 'Theorem D4'). X has h^4 terms."""
+    F_hg = P_g P_h^T, and GB as in `block_matrices` (proofs/S2.md, 'Theorem D4'; None unless with_GB: only Lemma D2
+    reads it). X has h^4 terms."""
     f = kernel_factors(q, H, W)
     blocks, _ = token_blocks(q, H, W, Q, eta, factors=f)
     Qa = _Approx(Q, eta)
@@ -350,7 +352,7 @@ def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float)
     KQ = [blocks[h]["K"][2] for h in hh]
     pp = _pairwise(P, P, tY=True)  # P_h P_g^T
     M11 = _gram_kron(KQ, pp)
-    GB = _gram_kron([blocks[h]["Kt"][1] for h in hh], _pairwise(P, P, tX=True))  # P_h^T P_g
+    GB = _gram_kron([blocks[h]["Kt"][1] for h in hh], _pairwise(P, P, tX=True)) if with_GB else None  # P_h^T P_g
     Wm = [_deflect(Qa, apply_kernel(f[h], KQ[g], transpose=True)) for h, g in pairs]
     F = [pp[g][h] for h, g in pairs]  # P_g P_h^T
     X = _gram_kron(Wm, _pairwise(F, F, tY=True))
@@ -376,19 +378,25 @@ def complement_gram_bound(delta: float, c: float, ell2: float) -> float:
     return _up(((d2 + math.sqrt(inner) * up) * up / 2) * up + eta)
 
 
-def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, eta: float):
-    """(tau certified with ||T||^2 <= tau, the value before margins) by Theorem D4 (proofs/S2.md): ell2 >=
-    lambda_max(GB) (Cholesky-checked, plus GB's error), m22 = complement_gram_bound(delta, c (1 + eta), ell2), then
-    for r = fl(1/g) (g from choose_gram_shift; g' = 1/r exact) Lambda >= lambda_max(M11 + r X) of the exact matrices
-    (the stored fl(M11^ + fl(r X^)) errs by <= e_M11 + r e_X + gamma_2 (||M11^||_F + r ||X^||_F)) and tau =
-    max(Lambda, m22 + g'), rounded up."""
+def lemma_d2(GB: _Approx, delta: float, c: float, eta: float) -> tuple[float, float]:
+    """(m22, ell2) of Lemma D2 (proofs/S2.md): ell2 >= lambda_max(GB) (Cholesky-checked, plus GB's error) >=
+    ||Pi T Pi^perp||^2 and m22 = complement_gram_bound(delta, c (1 + eta), ell2) >= ||T b||^2 / ||b||^2 on U^perp."""
     if not (delta >= 0 and c >= 0 and eta >= 0):
-        raise ValueError(f"Theorem D4 needs delta, c, eta >= 0 (got {delta}, {c}, {eta}): not certified")
+        raise ValueError(f"Lemma D2 needs delta, c, eta >= 0 (got {delta}, {c}, {eta}): not certified")
     u = rounding.unit_roundoff(torch.float64)
     with sp.single_thread():
         lb = float(rounding.verified_lambda_max(GB.val, tries=CERTIFY_TRIES))
     ell2 = _up(lb + GB.err)
-    m22 = complement_gram_bound(delta, _up(c * (1 + eta) * (1 + 2 * u)), ell2)
+    return complement_gram_bound(delta, _up(c * (1 + eta) * (1 + 2 * u)), ell2), ell2
+
+
+def certify_d4(M11: _Approx, X: _Approx, m22: float):
+    """(tau certified with ||T||^2 <= tau, the value before margins, g) by Theorem D4 (proofs/S2.md) for any m22 >=
+    ||T b||^2 / ||b||^2 on U^perp: for r = fl(1/g) (g from choose_gram_shift; g' = 1/r exact) Lambda >=
+    lambda_max(M11 + r X) of the exact matrices (the stored fl(M11^ + fl(r X^)) errs by <= e_M11 + r e_X + gamma_2
+    (||M11^||_F + r ||X^||_F)) and tau = max(Lambda, m22 + g'), rounded up."""
+    if not m22 >= 0:
+        raise ValueError(f"Theorem D4 needs m22 >= 0 (got {m22}): not certified")
     g, est = choose_gram_shift(M11.val, X.val, m22)
     r = 1.0 / g
     S = M11.val + r * X.val
@@ -400,7 +408,15 @@ def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, 
     tau = max(_up(lam + err), _up(m22 + _up(1.0 / r)))
     if not math.isfinite(tau):
         raise ValueError("Theorem D4's bound came out non-finite: not certified")
-    return tau, max(est, m22 + g), dict(m22=m22, ell2=ell2, g=g)
+    return tau, max(est, m22 + g), g
+
+
+def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, eta: float):
+    """(tau certified with ||T||^2 <= tau, the value before margins, details) by Theorem D4 with m22 from Lemma D2
+    (`lemma_d2`, `certify_d4`)."""
+    m22, ell2 = lemma_d2(GB, delta, c, eta)
+    tau, est, g = certify_d4(M11, X, m22)
+    return tau, est, dict(m22=m22, ell2=ell2, g=g)
 
 
 # Theorem D4's X has h^4 Kronecker terms of (k C)^2 entries: up to this many multiply-adds (6 heads at k C = 3840:
@@ -420,12 +436,29 @@ def default_k(N: int, C: int) -> int:
     return max(1, min(max(10, math.ceil(N / 25)), max(10, 4608 // max(int(C), 1)), N - 1))
 
 
+def default_k_gram(N: int, C: int) -> int:
+    """Token functions with the circulant Gram envelope: as many as keep k C near 4608 (at least 10, at most N - 1);
+    its cost is the k C x k C checks only (no envelope refinement depends on k)."""
+    return max(1, min(max(10, 4608 // max(int(C), 1)), N - 1))
+
+
+def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) -> str:
+    """'gram' (the circulant Gram envelope bounds the complement, Lemma G2 of proofs/S2.md) where its C x C norms fit
+    gram_envelope.ENVELOPE_BUDGET and Theorem D4's matrices fit GRAM_BUDGET; else 'majorant' (Lemma D2)."""
+    kk = default_k_gram(H * W, C) if k is None else max(1, min(int(k), H * W - 1))
+    return "gram" if ge.affordable(H, W, C) and gram_affordable(heads, kk, C) else "majorant"
+
+
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
-                   max_rounds: int = 200, envelope=None) -> DeflationBound:
-    """Certified ||T||_2 <= sqrt(tau) on an H x W grid by the deflated majorant (module docstring) with k token
-    functions (default: `default_k`): Theorem D4 where its h^4 terms fit GRAM_BUDGET, else Theorem D3; or the
-    envelope's own majorant where that is smaller (info['upper_from']).
-    time_budget, max_rounds: the envelope's refinement (any stopping point is certified; max_rounds makes
+                   max_rounds: int = 200, envelope=None, complement: str = "auto") -> DeflationBound:
+    """Certified ||T||_2 <= sqrt(tau) on an H x W grid by deflation (module docstring) with k token functions.
+
+    complement: how ||T b|| is bounded on U^perp. 'gram': the circulant Gram envelope (lipcheck.bounds.gram_envelope,
+    Lemma G2), then Theorem D4 (k default `default_k_gram`), or the envelope's own bound where that is smaller.
+    'majorant': the Toeplitz majorant's envelope (k default `default_k`) through Lemma D2 and Theorem D4 where its
+    h^4 terms fit GRAM_BUDGET, else Theorem D3; or the envelope's own majorant where that is smaller. 'auto':
+    `choose_complement` ('majorant' when an envelope is passed). info['upper_from'] names what gave the bound.
+    time_budget, max_rounds: the Toeplitz envelope's refinement (any stopping point is certified; max_rounds makes
     the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls."""
     sp._check_grid_size(H, W)
@@ -434,7 +467,13 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     sp.require_finite(q, "deflated majorant")
     if q.WV.dtype != torch.float64:
         raise ValueError("the deflated majorant is certified in float64 only: pass ssog_params(layer) in float64")
+    if complement not in ("auto", "gram", "majorant"):
+        raise ValueError(f"complement must be 'auto', 'gram' or 'majorant', got {complement!r}")
     N, C = H * W, q.dim
+    if complement == "auto":
+        complement = "majorant" if envelope is not None else choose_complement(H, W, C, q.num_heads, k)
+    if complement == "gram":
+        return _gram_deflated(q, H, W, default_k_gram(N, C) if k is None else max(1, min(int(k), N - 1)), t0)
     k = default_k(N, C) if k is None else max(1, min(int(k), N - 1))
     TN, tn_err, mb = envelope if envelope is not None else envelope_toeplitz(p, H, W, k=k, time_budget=time_budget,
                                                                              max_rounds=max_rounds)
@@ -449,7 +488,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
         # returned; the k C x k C blocks are not built
         return DeflationBound(upper=mb.upper, estimate=mb.estimate, k=k, delta=sp._scale_back(delta, e, up=True),
                               eps=math.nan, sigma=math.nan, seconds=time.perf_counter() - t0, margin=mb.margin,
-                              info=dict(majorant=mb.upper, eta=eta, envelope_rounds=mb.rounds, kC=k * C,
+                              info=dict(majorant=mb.upper, envelope="majorant", envelope_bound=mb.upper, eta=eta,
+                                        envelope_rounds=mb.rounds, kC=k * C,
                                         skipped="delta >= the envelope's majorant: k too small for this grid",
                                         errors=dict(delta_envelope=tn_err)))
 
@@ -480,6 +520,48 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
                           delta=sp._scale_back(delta, e, up=True), eps=eps,
                           sigma=sigma if theorem == "D4" else sp._scale_back(sigma, 2 * e, up=False),
                           seconds=time.perf_counter() - t0, margin=margin,
-                          info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), eta=eta, envelope_rounds=mb.rounds,
+                          info=dict(majorant=sp._scale_back(mb.upper, 0, up=True), envelope="majorant",
+                                    envelope_bound=mb.upper, eta=eta, envelope_rounds=mb.rounds,
                                     errors=errors, kC=k * C, theorem=theorem, deflated=upper,
                                     upper_from="majorant" if from_majorant else theorem, **extra))
+
+
+def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float) -> DeflationBound:
+    """Theorem D4 with the complement bounded by the circulant Gram envelope (Lemma G2): Q the top k eigenvectors of
+    the stored R_f, m22 >= lambda_max(R_f on span(Q)^perp) by `certify_delta` (R_f bounds T^T T, so m22 is already
+    squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
+    gram_affordable(heads, k, C) (D3 would need GB and GC besides)."""
+    if not gram_affordable(q.num_heads, k, q.dim):
+        raise ValueError(f"Theorem D4 with k = {k} exceeds GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
+                         f"pass a smaller k or complement='majorant'")
+    env = ge.gram_envelope(q, H, W)
+    tau_R = ge.certified_top(env)
+    ev, Q = top_eigenvectors(env.R, k)
+    eta = orthonormality_defect(Q)
+    c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
+    m22 = certify_delta(env.R, env.err, Q, float(ev[k]), c=c)
+    e = q.log2_scale
+    u = rounding.unit_roundoff(torch.float64)
+    margin_conv = q.conversion_error * q.magnitude()
+    info = dict(envelope="gram", envelope_bound=None, eta=eta, kC=k * q.dim, envelope_seconds=env.seconds,
+                complement=sp._scale_back(math.sqrt(m22), e, up=True), errors=dict(envelope=env.err))
+    tau, est, upper_from = tau_R, tau_R, "envelope"
+    if m22 < tau_R:  # else no tau >= m22 can beat the envelope's own bound: the blocks are not built
+        M11, X, _ = gram_matrices(q, H, W, Q, eta, with_GB=False)
+        tau_d, est_d, g = certify_d4(M11, X, m22)
+        info.update(theorem="D4", g=g, errors=dict(envelope=env.err, M11=M11.err, X=X.err))
+        info["deflated"] = sp._scale_back(sp._finite(math.sqrt(tau_d) * (1 + 2 * u) + margin_conv,
+                                                     "deflated bound"), e, up=True)
+        if tau_d < tau_R:
+            tau, est, upper_from = tau_d, est_d, "D4"
+    else:
+        info["skipped"] = "m22 >= the envelope's own bound: k too small for this grid"
+    env_upper = sp._scale_back(sp._finite(math.sqrt(tau_R) * (1 + 2 * u) + margin_conv, "circulant Gram bound"),
+                               e, up=True)
+    info.update(envelope_bound=env_upper, upper_from=upper_from)
+    upper_n = sp._finite(math.sqrt(tau) * (1 + 2 * u) + margin_conv, "deflated bound")
+    upper = sp._scale_back(upper_n, e, up=True)
+    return DeflationBound(upper=upper, estimate=sp._scale_back(math.sqrt(est), e, up=False), k=k,
+                          delta=info["complement"], eps=math.nan, sigma=math.nan,
+                          seconds=time.perf_counter() - t0,
+                          margin=sp._scale_back(upper_n - math.sqrt(est), e, up=True), info=info)

@@ -522,6 +522,11 @@ class SymbolNorm:
         parts = (WV[None] * torch.cat([scale.real, scale.imag])[:, None, :]) @ WO[None]  # (2k, C, C)
         return torch.complex(*parts.split(c.shape[0]))
 
+    def matrix_error(self, c: torch.Tensor) -> torch.Tensor:
+        """(k,) bound on ||matrix(c) - S(c)||_2 for the stored c: real and imaginary parts each err by <= gamma_{C+2}
+        sum_h |c_h| F_h in Frobenius norm."""
+        return 2 * self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
+
     def delta_norm(self, dc: torch.Tensor) -> torch.Tensor:
         """Certified ||sum_h dc_h P_h||: the smaller of the triangle bound and ||W_V|| max|dc| ||W_O||."""
         a = dc.abs()
@@ -553,8 +558,7 @@ class SymbolNorm:
         Gu = torch.einsum("kac,kbc->kab", rows, rows.conj())  # <row_a, row_b>
         Gv = torch.einsum("kac,kbc->kab", cols.conj(), cols)
         v = anchor_verification(S, s1, u1, v1, s2)
-        # real and imaginary parts each err by <= gamma_{C+2} sum_h |c_h| F_h in Frobenius norm (matrix)
-        eS = 2 * self.p.gamma(self.p.dim + 2) * (c.abs() * self.F).sum(-1)
+        eS = self.matrix_error(c)
         # + 8 eta: the sums and hypots may underflow (subnormal symbols)
         top = two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"]) * (1 + self.p.gamma(8)) \
             + 8 * rounding.tiny_subnormal(torch.float64)

@@ -1,0 +1,155 @@
+"""Circulant Gram envelope: T^T T <= R_f kron I_C with R_f an N x N two-level Toeplitz matrix built from the symbol's
+norms at the circulant embedding's frequencies (proofs/S2.md, 'Circulant Gram envelope').
+
+T is the compression of the block circulant C = sum_h C_h kron P_h^T on the L1 x L2 torus (L1 = 2H - 1, L2 = 2W - 1:
+every offset of the box without wrap-around collisions; proofs/S2.md, 'Block-circulant upper bound'), T = E^T C E
+with E the zero padding of the H x W box. For X supported on the box, Parseval on the torus and the norm of each
+frequency's C x C block give
+
+    ||T X||^2 <= ||C E X||^2 = (L1 L2)^-1 sum_w ||S_L(w)^T x^(w)||^2 <= (L1 L2)^-1 sum_w f(w) sum_c |x_c^(w)|^2
+              = sum_c x_c^T R_f x_c,     R_f[j, j'] = r(j - j'),   r(D) = (L1 L2)^-1 sum_w f(w) cos(w . D),
+
+for any even f(w) >= ||S_L(w)||^2 at the L1 L2 torus frequencies. So ||T||^2 <= lambda_max(R_f) <= max f (the
+circulant bound squared), and for token functions orthogonal to span(Q), ||T b||^2 <= lambda_max(R_f on span(Q)^perp)
+||b||^2: the complement bound of Theorem D4 (lipcheck.bounds.deflation) with no leakage term. Only the phases of
+S_L(w) x^(w) within each torus frequency are lost; the Toeplitz majorant loses them over the continuous torus and
+pays for a cellwise envelope besides.
+
+Cost: one certified C x C norm per frequency of half the torus (rounding.norm2_upper; S_L(-w) is the conjugate of
+S_L(w)), affordable where (L1 L2 / 2) C^3 is (`affordable`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import torch
+
+from .. import rounding
+from . import spectral as sp
+from .majorant import _upper_half, dense_toeplitz
+
+# (torus frequencies / 2) * C^3 up to this: 14 x 14 at C = 384 (2.1e10, some 25 s of C x C norms on 2 cores);
+# beyond it (16 x 16 at C = 384, 32 x 32 at C = 384) the Toeplitz majorant's envelope serves
+ENVELOPE_BUDGET = 2.2e10
+TWO_PI = 2 * math.pi  # fl(2 pi) = 2 fl(pi): within 2 pi u of 2 pi
+
+
+@dataclasses.dataclass
+class GramEnvelope:
+    """R: the stored R_f (N x N, exactly symmetric), err >= ||R - R_f||_2 for the exact R_f of f; f (L1, L2):
+    certified f(w) >= ||S_L(w)||^2 at the torus frequencies; all in normalised(p)'s units (squared)."""
+    R: torch.Tensor
+    err: float
+    f: torch.Tensor
+    seconds: float
+
+
+def affordable(H: int, W: int, C: int) -> bool:
+    """Whether the envelope's certified C x C norms fit ENVELOPE_BUDGET."""
+    return math.ceil((2 * H - 1) * (2 * W - 1) / 2) * float(C) ** 3 <= ENVELOPE_BUDGET
+
+
+def trig_error(u: float) -> float:
+    """|fl(cos(fl(fl(TWO_PI m) / L))) - cos(2 pi m / L)| for integers 0 <= m < L (and sin likewise): TWO_PI errs by
+    <= 2 pi u, the product and the division round once each, so the angle (<= 2 pi) errs by <= 2 pi (3u + 3u^2); cos
+    is 1-Lipschitz and the library's cos, sin err by <= 2u (the model of proofs/S2.md, 'Toeplitz majorant')."""
+    return 2 * math.pi * 3.01 * u + 2 * u
+
+
+def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32) -> torch.Tensor:
+    """f (L1, L2) with f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a / L1, 2 pi b / L2), S_L the symbol of
+    the kernels truncated to the box's offsets (sp.truncated_symbols, error sp.truncated_symbol_error): the stored
+    S (SymbolNorm.matrix, error matrix_error) certified by rounding.norm2_upper, on half the torus; the mirror
+    frequency (-a mod L1, -b mod L2) takes the same value (real taps: S_L(-w) = conj(S_L(w)), the same norm)."""
+    gy, gx, _, _ = sp.truncated_symbols(q, H, W)
+    c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx)  # (L1, L2, h)
+    L1, L2 = c.shape[:2]
+    dev = c.device
+    a, b = torch.arange(L1, device=dev), torch.arange(L2, device=dev)
+    idx = (a[:, None] * L2 + b[None, :]).reshape(-1)
+    mirror = (((L1 - a) % L1)[:, None] * L2 + ((L2 - b) % L2)[None, :]).reshape(-1)
+    keep = idx <= mirror  # one of each pair (w, -w); the self-mirrored ones once
+    sn = sp.SymbolNorm(q)
+    err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
+    ck = c.reshape(-1, q.num_heads)[keep]
+    s = []
+    for c0 in ck.split(chunk):
+        s.append(rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0))
+    u = rounding.unit_roundoff(torch.float64)
+    # two additions rounded to nearest (<= u each), then the square (<= u): 8u covers them
+    s = (torch.cat(s) + err_c) * (1 + 2 * u)
+    f = sp._no_nan(s * s * (1 + 8 * u), "torus symbol norms")
+    out = torch.empty(L1 * L2, dtype=torch.float64, device=dev)
+    out[idx[keep]] = f
+    out[mirror[keep]] = f
+    return out.reshape(L1, L2)
+
+
+def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, float]:
+    """(t (2H - 1, 2W - 1), e_r): t[D] = fl(r(D)), r(D) = (L1 L2)^-1 sum_w f(w) cos(w . D) for the offsets |D_y| <= H - 1,
+    |D_x| <= W - 1, copied from the half D > 0 onto -D (r is even) so that the matrix is exactly symmetric, and e_r >=
+    |t[D] - r(D)|. Separable: cos(a + b) = cos a cos b - sin a sin b, each part two matrix products over L1 then L2
+    terms with nonnegative f; the angles are 2 pi ((a D) mod L) / L with the reduction exact in integers."""
+    L1, L2 = f.shape
+    dev, dt = f.device, f.dtype
+    u = rounding.unit_roundoff(dt)
+
+    def tables(L: int, n: int):
+        D = torch.arange(-(n - 1), n, device=dev)
+        m = (D[:, None] * torch.arange(L, device=dev)[None, :]) % L  # exact integers in [0, L)
+        ang = (m.to(dt) * TWO_PI) / L
+        return torch.cos(ang), torch.sin(ang)
+
+    cy, sy = tables(L1, H)
+    cx, sx = tables(L2, W)
+    t = ((cy @ f) @ cx.T - (sy @ f) @ sx.T) / (L1 * L2)
+    t = torch.where(_upper_half(H, W, dev), t, t.flip(0, 1))
+    # sum_w f(w) rounded up: a sum of L1 L2 nonnegative terms errs by <= gamma_{L1 L2} of itself
+    F = float(f.sum()) * (1 + 2 * rounding.gamma(L1 * L2 + 2, u))
+    e = trig_error(u)
+    # per part: the tables' errors (|c'_y c'_x - c_y c_x| <= 2e + e^2) and the nested products (gamma_{L1 + L2} of
+    # sum f |c'_y| |c'_x| <= (1 + e)^2 F); then the difference of the parts and the division (u each, of <= 2 (1 +
+    # e)^2 F (1 + gamma)); all relative to F / (L1 L2), rounded up by gamma_8
+    g = rounding.gamma(L1 + L2 + 2, u)
+    rel = 2 * (2 * e + e * e) + 2 * g * (1 + e) ** 2 + 4 * u * (1 + e) ** 2 * (1 + g)
+    # underflow: each of the 2 L1 L2 products per part may lose one subnormal eta
+    e_r = F / (L1 * L2) * rel * (1 + rounding.gamma(8, u)) + 4 * (L1 * L2 + 1) * rounding.tiny_subnormal(dt)
+    return t, e_r
+
+
+def gram_envelope(q: sp.SSoGParams, H: int, W: int) -> GramEnvelope:
+    """R_f for f = torus_symbol_norms (normalised parameters q, float64): the stored matrix T_N(t) of
+    torus_toeplitz_coefficients differs from R_f by a two-level Toeplitz matrix with entries <= e_r, so by <= N e_r in
+    norm (every row holds N of them)."""
+    if q.WV.dtype != torch.float64:
+        raise ValueError("the circulant Gram envelope is certified in float64 only: pass ssog_params(layer) in float64")
+    sp._check_grid_size(H, W)
+    sp.require_finite(q, "circulant Gram envelope")
+    t0 = time.perf_counter()
+    f = torus_symbol_norms(q, H, W)
+    t, e_r = torus_toeplitz_coefficients(f, H, W)
+    sp._no_nan(t, "circulant Gram envelope coefficients")
+    R = dense_toeplitz(t, H, W)
+    err = H * W * e_r * (1 + rounding.gamma(4))
+    return GramEnvelope(R=R, err=err, f=f, seconds=time.perf_counter() - t0)
+
+
+def certified_top(env: GramEnvelope) -> float:
+    """tau >= lambda_max(R_f) >= ||T||^2 (normalised units): Cholesky-checked lambda_max of the stored R plus err."""
+    with sp.single_thread():
+        lam = float(rounding.verified_lambda_max(env.R, tries=20))
+    if not math.isfinite(lam):
+        raise ValueError("the circulant Gram envelope's Cholesky certificate failed at every pad: not certified")
+    return (lam + env.err) * (1 + 2 * rounding.unit_roundoff(torch.float64))
+
+
+def circulant_gram_bound(p: sp.SSoGParams, H: int, W: int) -> float:
+    """Certified ||T||_2 <= sqrt(lambda_max(R_f)) on an H x W grid (module docstring), in p's units: at most the
+    circulant embedding's bound, below it where the symbol's peak is narrow against the grid."""
+    q = sp.normalised(p)
+    tau = certified_top(gram_envelope(q, H, W))
+    u = rounding.unit_roundoff(torch.float64)
+    upper = sp._finite(math.sqrt(tau) * (1 + 2 * u) + q.conversion_error * q.magnitude(), "circulant Gram bound")
+    return sp._scale_back(upper, q.log2_scale, up=True)
