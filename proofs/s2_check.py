@@ -303,18 +303,24 @@ def _taps(k, mu, sig):
     return np.exp(-(k - mu) ** 2 / (2 * sig ** 2)) / np.exp(-(j - mu) ** 2 / (2 * sig ** 2)).sum()
 
 
-ok, worst = True, 0.0
-for trial in range(4):  # ||T|| <= lambda_max(T_N(s)) with T_N(s) by periodic trapezoid quadrature (spectral accuracy)
-    Hn, Wn, C, hh = 3, 3, 4, 2
+def _random_layer(Hn, Wn, C, hh, shift, sig_range):
+    """(alpha, mu, sigma, [P_h], dense T) of a random 2-component layer on an Hn x Wn grid, T from the definition."""
     d = C // hh
     alpha = rng2.standard_normal((hh, 2))
-    mu = rng2.uniform(-1.5, 1.5, (hh, 2, 2))
-    sig = rng2.uniform(0.6, 1.5, (hh, 2, 2))
+    mu = rng2.uniform(-shift, shift, (hh, 2, 2))
+    sig = rng2.uniform(*sig_range, (hh, 2, 2))
     WV, WO = rng2.standard_normal((C, C)), rng2.standard_normal((C, C))
     Ps = [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(hh)]
     ax = lambda n, m0, s0: _taps(np.arange(n)[:, None] - np.arange(n)[None, :], m0, s0)  # noqa: E731
-    T = sum(np.kron(sum(alpha[i, m] * np.kron(ax(Hn, *mu[i, m, [0]], *sig[i, m, [0]]), ax(Wn, *mu[i, m, [1]], *sig[i, m, [1]]))
+    T = sum(np.kron(sum(alpha[i, m] * np.kron(ax(Hn, mu[i, m, 0], sig[i, m, 0]), ax(Wn, mu[i, m, 1], sig[i, m, 1]))
                         for m in range(2)), Ps[i].T) for i in range(hh))
+    return alpha, mu, sig, Ps, T
+
+
+ok, worst = True, 0.0
+for trial in range(4):  # ||T|| <= lambda_max(T_N(s)) with T_N(s) by periodic trapezoid quadrature (spectral accuracy)
+    Hn, Wn, C, hh = 3, 3, 4, 2
+    alpha, mu, sig, Ps, T = _random_layer(Hn, Wn, C, hh, 1.5, (0.6, 1.5))
     exact = np.linalg.norm(T, 2)
     L = 256
     wq = 2 * np.pi * np.arange(L) / L
@@ -357,15 +363,7 @@ check("trig_error: (1 + u)^3 - 1 <= 3.01 u (u <= 2^-24)",
 ok, worst = True, 0.0
 for trial in range(4):
     Hn, Wn, C, hh = 3, 4, 4, 2
-    d = C // hh
-    alpha = rng2.standard_normal((hh, 2))
-    mu = rng2.uniform(-2.5, 2.5, (hh, 2, 2))
-    sig = rng2.uniform(0.3, 1.5, (hh, 2, 2))
-    WV, WO = rng2.standard_normal((C, C)), rng2.standard_normal((C, C))
-    Ps = [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(hh)]
-    ax = lambda n, m0, s0: _taps(np.arange(n)[:, None] - np.arange(n)[None, :], m0, s0)  # noqa: E731
-    T = sum(np.kron(sum(alpha[i, m] * np.kron(ax(Hn, mu[i, m, 0], sig[i, m, 0]), ax(Wn, mu[i, m, 1], sig[i, m, 1]))
-                        for m in range(2)), Ps[i].T) for i in range(hh))
+    alpha, mu, sig, Ps, T = _random_layer(Hn, Wn, C, hh, 2.5, (0.3, 1.5))
     L1, L2 = 2 * Hn - 1, 2 * Wn - 1
     ky, kx = np.arange(-(Hn - 1), Hn), np.arange(-(Wn - 1), Wn)
     wy, wx = 2 * np.pi * np.arange(L1) / L1, 2 * np.pi * np.arange(L2) / L2
