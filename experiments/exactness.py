@@ -23,13 +23,15 @@ from lipschitz import exactness_table  # noqa: E402
 from lipcheck import report  # noqa: E402
 
 METHODS = [("lower", "lipcheck lower"), ("upper", "lipcheck upper (smallest certified)"),
-           ("majorant", "Toeplitz majorant"), ("deflated", "deflated majorant"), ("circulant", "circulant embedding"),
+           ("majorant", "Toeplitz majorant"), ("deflated", "deflated bound"), ("circulant", "circulant embedding"),
            ("zero_padding", "zero-padding, size-independent"), ("power", "power iteration (30 steps)")]
 
 
 def figure(rows):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharey=True)
-    for ax, kk in zip(axes, ("init", "broad")):
+    kinds = [kk for kk in ("init", "broad", "frozen") if any(r["kernels"] == kk for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 5), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, kk in zip(axes, kinds):
         for key, label in METHODS:
             for C, ls in ((48, "-"), (192, "--"), (384, ":")):
                 pts = sorted((r["grid"], r[f"{key}_ratio"]) for r in rows
@@ -80,7 +82,8 @@ def main(argv=None) -> int:
                 cells.append("not run")
                 continue
             ok = "" if r["valid"][key] else " INVALID"
-            via = f" [{r['upper_method']}]" if key == "upper" and r.get("upper_method") else ""
+            via = f" [{r['upper_method']}]" if key == "upper" and r.get("upper_method") else \
+                f" [{r['deflated_envelope']}, k={r['deflated_k']}]" if key == "deflated" and r.get("deflated_envelope") else ""
             cells.append(f"{r[key]:.6g}{via} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
         table.append(cells)
     ks = {}
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
     for r in rows:
         if r.get("deflated_theorem") is not None:
             th[r["deflated_theorem"]] = th.get(r["deflated_theorem"], 0) + 1
-    theorems = ", ".join(f"{v} row(s) by {'its envelope' if t == 'majorant' else 'Theorem ' + t}"
+    names = dict(majorant="the majorant's own envelope", envelope="the circulant Gram envelope alone")
+    theorems = ", ".join(f"{v} row(s) by {names.get(t, 'Theorem ' + t)}"
                          for t, v in sorted(th.items())) or "not run"
     k_text = "k = " + "; ".join(f"{k} at {', '.join(sorted(set(v)))}" for k, v in sorted(ks.items())) if ks else "k"
     gaps = [r["majorant_ratio"] - 1 for r in rows]
@@ -101,15 +105,18 @@ def main(argv=None) -> int:
               if r["upper_ratio"] - 1 >= 0.01]
     md = ["# Exactness: certified upper bounds beside the exact Lipschitz constant", "",
           "Layers: C channels, 3 heads, 4 Gaussian components, float64; `init` is the default initialisation, "
-          "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]). Each cell: "
+          "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]), `frozen` "
+          "narrow mixed-sign kernels as in docs/lipschitz.md's presets (alpha ~ N(0, 1/16), |mu| <= 4, sigma "
+          "log-uniform in [0.25, 3]). Each cell: "
           "value (excess over exact, seconds). `exact` is a dense SVD where N C <= 4096, else Lanczos on T^T T "
           "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (the smallest of its "
           "certified bounds in the row: the Toeplitz majorant, up to 32x32 also the deflated majorant, and the "
           "circulant embedding; the method that gave it in brackets), the Toeplitz majorant "
-          "(lipcheck.bounds.majorant), the deflated majorant (lipcheck.bounds.deflation, Theorem D4 of proofs/S2.md: "
-          "T^T T exactly on k token functions x C channels, the envelope on the complement; " + k_text + "; not run "
-          "at 64x64, where the N x N envelope's eigenvectors cost most; never above "
-          "its envelope's own majorant value, which it returns where that is smaller: " + theorems + "), all "
+          "(lipcheck.bounds.majorant), the deflated bound (lipcheck.bounds.deflation, Theorem D4 of proofs/S2.md: "
+          "T^T T exactly on k token functions x C channels, an envelope on the complement: [gram] the circulant Gram "
+          "envelope, Lemmas G1-G2, where its C x C norms are affordable, [majorant] the Toeplitz majorant's through "
+          "Lemma D2 elsewhere; " + k_text + "; not run at 64x64, where the N x N envelope's eigenvectors cost most; "
+          "never above its envelope's own bound, which it returns where that is smaller: " + theorems + "), all "
           "certified with rounding margins (proofs/S2.md), "
           "the (2H-1)x(2W-1) circulant embedding (certified), and an input-size-independent zero-padding bound in "
           "the style of Delattre et al. (2024): the truncated kernel's symbol on a fixed DFT grid, a Bernstein "
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
           + ("under 1% on every row." if not missed else
              f"NOT under 1% on {len(missed)} of {len(ugaps)} rows: {', '.join(missed)}.")
           + f" The Toeplitz majorant alone: {min(gaps):.2%} to {max(gaps):.2%} (it keeps only ||S(w)||; the phases "
-          "of the symbol cost most for shifted signed kernels on small grids, where the deflated majorant keeps them "
+          "of the symbol cost most for shifted signed kernels on small grids, where the deflated bound keeps them "
           "on the top token functions).",
           (f"lipcheck's upper bound took over 60 s on {len(slow)} row(s)." if slow
            else "lipcheck's upper bound took under 60 s on every row."), ""]

@@ -43,7 +43,8 @@ GROUPS = {
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],
                  "not wired_into_ssog_lipschitz"),  # that test patches keyword defaults, which mutmut wraps
-    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py"], None),
+    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py", "tests/test_gram_envelope.py"], None),
+    "gram_envelope": (["lipcheck/bounds/gram_envelope.py"], ["tests/test_gram_envelope.py"], None),
     # the deflated bound's parameter search: estimates only (any choice is certified), reported on its own
     "deflation_search": (["lipcheck/bounds/deflation_search.py"], ["tests/test_deflation.py"], None),
     "rounding": (["lipcheck/rounding.py"], ["tests/test_lognorm.py", "tests/test_bounds.py"],

@@ -1016,8 +1016,9 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
     """Certified bounds on Lip(SSoG) = ||T||_2 on an H x W grid.
 
     lower <= ||T||_2 <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
-    circulant embedding, Gram iteration, dense SVD, the Toeplitz majorant, with deflated=True the deflated majorant
-    with deflation_k token functions: 10-60 s, tight on small grids), every one rounded outward with margins derived from the
+    circulant embedding, Gram iteration, dense SVD, the Toeplitz majorant, with deflated=True the deflated bound
+    with deflation_k token functions, its complement bounded by the circulant Gram envelope where affordable, else by
+    the majorant's envelope: 10-60 s, tight on small grids), every one rounded outward with margins derived from the
     unit roundoff of `dtype` (float32 or float64). The operator is normalised first (powers of two out of
     alpha, W_V, W_O) and the bounds scaled back, so any scale the dtype holds is certified; a bound that
     cannot be represented, a NaN/inf anywhere, a half-precision layer or a kernel its dtype cannot carry
@@ -1093,8 +1094,10 @@ def ssog_lipschitz(layer, H: int, W: int, *, dtype=torch.float64, device=None,
                                 gave_upper=dval < upper)
         if db.info.get("theorem") == "D3":
             info["deflated"].update(eps=db.eps, sigma=db.sigma)
-        method["deflated"] = (f"deflated majorant: exact on {db.k} token functions x C channels, majorant on the "
-                              f"complement, Cholesky-certified")
+        method["deflated"] = (f"deflated bound: exact on {db.k} token functions x C channels, the "
+                              f"{'circulant Gram envelope' if db.info.get('envelope') == 'gram' else 'majorant'} "
+                              f"on the complement, Cholesky-certified")
+        info["deflated"]["envelope"] = db.info.get("envelope")
         upper = min(upper, dval)
 
     t = time.perf_counter()
