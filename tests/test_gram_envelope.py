@@ -116,10 +116,20 @@ def test_envelope_coefficients_and_their_error_against_long_double():
     assert ge.trig_error(u) == e
     g = rounding.gamma(L1 + L2 + 2)
     rel = 2 * (2 * e + e * e) + 2 * g * (1 + e) ** 2 + 4 * u * (1 + e) ** 2 * (1 + g)
-    F = f.sum() * (1 + 2 * rounding.gamma(L1 * L2 + 2))
-    want = F / (L1 * L2) * rel * (1 + rounding.gamma(8)) + 4 * (L1 * L2 + 1) * rounding.tiny_subnormal(torch.float64)
-    assert e_r == pytest.approx(want, rel=1e-12)
+    eta = rounding.tiny_subnormal(torch.float64)
+
+    def want(f):  # the documented bound, evaluated in the library's order (F from torch's sum, as the library's)
+        F = float(torch.tensor(f).sum()) * (1 + 2 * rounding.gamma(L1 * L2 + 2))
+        return F / (L1 * L2) * rel * (1 + rounding.gamma(8)) + 4 * (L1 * L2 + 1) * eta
+
+    assert e_r == want(f)
     assert np.array_equal(t.numpy(), t.numpy()[::-1, ::-1])
+    # subnormal f: the relative part underflows and the allowance for underflowing products carries the bound
+    tiny = f * 1e-310
+    t2, e2 = ge.torus_toeplitz_coefficients(torch.tensor(tiny), H, W)
+    assert e2 == want(tiny) and e2 >= 4 * (L1 * L2 + 1) * eta
+    ref2 = ref * np.longdouble(1e-310)
+    assert np.abs(t2.numpy().astype(np.longdouble) - ref2).max() <= e2
 
 
 def test_gram_deflation_tight_on_frozen_narrow_kernels():
@@ -158,11 +168,12 @@ def test_gram_deflation_on_a_factorised_layer(mu, sigma, C):
 
 
 def test_complement_choice_and_bad_input():
-    """choose_complement: the Gram envelope up to ENVELOPE_BUDGET (14 x 14 at C = 384; not 16 x 16 there, nor C = 768)
-    and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement and a k beyond GRAM_BUDGET
+    """choose_complement: the Gram envelope up to ENVELOPE_BUDGET (14 x 14 at C = 384; not 16 x 16 there, nor C = 768),
+    MAX_FREQUENCIES (512 on half the torus: 16 x 17 exactly, not 17 x 17) and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement and a k beyond GRAM_BUDGET
     are refused."""
     assert ge.affordable(14, 14, 384) and not ge.affordable(16, 16, 384) and not ge.affordable(14, 14, 768)
-    assert ge.affordable(32, 32, 192) and not ge.affordable(32, 32, 384)
+    assert ge.affordable(16, 16, 192) and not ge.affordable(32, 32, 48) and ge.affordable(16, 17, 1)
+    assert not ge.affordable(17, 17, 1)  # 33 x 33 frequencies, 545 on half the torus
     assert [df.default_k_gram(196, C) for C in (12, 48, 192, 384, 768)] == [195, 96, 24, 12, 10]
     assert df.default_k_gram(4, 1) == 3
     assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(16, 16, 384, 6) == "majorant"

@@ -30,9 +30,12 @@ from .. import rounding
 from . import spectral as sp
 from .majorant import _upper_half, dense_toeplitz
 
-# (torus frequencies / 2) * C^3 up to this: 14 x 14 at C = 384 (2.1e10, some 25 s of C x C norms on 2 cores);
-# beyond it (16 x 16 at C = 384, 32 x 32 at C = 384) the Toeplitz majorant's envelope serves
+# (torus frequencies / 2) * C^3 up to this: 14 x 14 at C = 384 (2.1e10, some 18 s of C x C norms on 2 cores);
+# beyond it (16 x 16 at C = 384) the Toeplitz majorant's envelope serves
 ENVELOPE_BUDGET = 2.2e10
+# and at most this many certified norms (16 x 16: 481): at 32 x 32 (1985 of them; 21 s at C = 192) the boundary
+# effects it captures are small and the majorant's envelope is within some 1 % for less (docs/exactness.md)
+MAX_FREQUENCIES = 512
 TWO_PI = 2 * math.pi  # fl(2 pi) = 2 fl(pi): within 2 pi u of 2 pi
 
 
@@ -47,8 +50,9 @@ class GramEnvelope:
 
 
 def affordable(H: int, W: int, C: int) -> bool:
-    """Whether the envelope's certified C x C norms fit ENVELOPE_BUDGET."""
-    return math.ceil((2 * H - 1) * (2 * W - 1) / 2) * float(C) ** 3 <= ENVELOPE_BUDGET
+    """Whether the envelope's certified C x C norms fit MAX_FREQUENCIES and ENVELOPE_BUDGET."""
+    n = math.ceil((2 * H - 1) * (2 * W - 1) / 2)
+    return n <= MAX_FREQUENCIES and n * float(C) ** 3 <= ENVELOPE_BUDGET
 
 
 def trig_error(u: float) -> float:
