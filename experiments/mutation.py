@@ -326,8 +326,53 @@ SURVIVOR_REASONS = [
      "max(guess, eigenvalue) either way, a certified bound"),
     ("lipcheck/bounds/attention.py", r"head_matrices", r'einsum\("HD,HCD->HC"',
      "equivalent: torch.einsum takes upper-case subscripts for the same contraction"),
-    ("lipcheck/bounds/gram_envelope.py", r".*", r"_finite\(.*, None\)|_no_nan\(t, \"circulant gram",
+    ("lipcheck/bounds/gram_envelope.py", r"affordable", r"\(2 \* H - 2\) \* \(2 \* W - 1\)",
+     "now killed by tests/test_gram_envelope.py::test_complement_choice_and_bad_input (512 x 1 affordable, 513 x 1 "
+     "not; added after the seed-37 run, checked by applying the mutant by hand)"),
+    ("lipcheck/bounds/gram_envelope.py", r"circulant_gram_bound", r"math\.sqrt\(tau\) / \(1 \+ 2 \* u\)",
+     "now killed by tests/test_gram_envelope.py::test_envelope_majorises_the_gram_matrix (the bound's last steps "
+     "pinned; added after the seed-37 run, checked by hand)"),
+    ("lipcheck/bounds/gram_envelope.py", r"torus_symbol_norms", r"\+ err_c\) (/ \(1 \+ 2|\* \(1 \+ 3) \* u\)",
+     "now killed by tests/test_gram_envelope.py::test_torus_norms_are_the_documented_certified_values (added after "
+     "the seed-37 run, checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"_gram_deflated", r"math\.sqrt\(tau_R\) \* \(1 - 2 \* u\)|envelope_secondsXX",
+     "now killed by tests/test_gram_envelope.py::test_envelope_majorises_the_gram_matrix (the envelope value equals "
+     "circulant_gram_bound's, its seconds are reported; added after the seed-37 run, checked by hand)"),
+    ("lipcheck/rounding.py", r"_real_gram", r"gamma\(2 \* m / n \+ 4, u\)",
+     "now killed by tests/test_lognorm.py::test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64 "
+     "(F2 pinned in the code's order; added after the seed-37 run, checked by hand)"),
+    ("lipcheck/rounding.py", r"rump_shift|_cholesky_completes", r"gn = gamma\(n \+ 1, \)|n = A\.shape\[\+1\]",
+     "now killed by tests/test_lognorm.py::test_float32_cholesky_check_keeps_float32s_rump_shift_and_4d_batches "
+     "(added after the seed-37 run, checked by hand)"),
+    ("lipcheck/bounds/gram_envelope.py", r".*", r"_finite\(.*, None\)|\"circulant gram",
      "message text only (the refusal itself is unchanged)"),
+    ("lipcheck/bounds/deflation.py", r"_gram_deflated", r"\"circulant gram bound\"",
+     "message text only (the refusal itself is unchanged)"),
+    ("lipcheck/bounds/deflation.py", r"_gram_deflated", r"c = max\(float\(ev\[0\]\) \+ float\(ev\[k\]\)",
+     "loosens: any c >= 0 is valid (x^T (R - c Q Q^T) x = x^T R x on span(Q)^perp); a larger c only raises the "
+     "allowance gamma c ||Q||_F^2 of certify_delta"),
+    ("lipcheck/bounds/deflation.py", r"certify_delta", r"gamma\(N \* k - 2\)",
+     "shrinks by 4 units of roundoff (relative) the rounding allowance on ||Q||_F^2, itself some 1e-13 of the "
+     "envelope: no float64 input exposes it"),
+    ("lipcheck/bounds/deflation.py", r"certify_delta", r"verified_lambda_max\(S, lam=None",
+     "efficiency only: eigvalsh's guess instead of the caller's; the Cholesky check certifies either"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"envelope_toeplitz\(p, H, W, time_budget",
+     "refinement target only (the envelope refined near the top eigenvector instead of the (k+1)-th): every "
+     "envelope is certified"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"_scale_back\(.*up=None\)",
+     "equivalent for these values: _scale_back tests `up` for truth only and rounds outward only off the normal "
+     "range"),
+    ("lipcheck/bounds/deflation.py", r"gram_matrices", r"token_blocks\(q, (None|H), (None|W), Q, eta, factors=f\)",
+     "equivalent: with the kernel factors passed, token_blocks reads the grid only through them"),
+    ("lipcheck/bounds/deflation.py", r"certify_block", r"pad = max\(1e-12, .*\* tau_first\)",
+     "the first pad only: a smaller one costs a retry (tenfold per failure), the Cholesky check decides"),
+    ("lipcheck/rounding.py", r"_cholesky_completes", r"potrf\(flat\[i\]\.numpy\(\)\.T, lower=(None|1),",
+     "equivalent for the exactly symmetric fl(mu I - S) every caller passes: lower=None is falsy like 0, and "
+     "lower=1 factors the transpose, which completes exactly when the matrix's does (the same numbers)"),
+    ("lipcheck/rounding.py", r"verified_lambda_max", r"4 \* n \* u / scale",
+     "the first pad only: a smaller one costs a retry (tenfold per failure), the Cholesky check decides"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"\(1 \+ gamma\(7, u\)\)",
+     "loosens: one more rounding allowed on the reported square root"),
     ("lipcheck/bounds/gram_envelope.py", r"torus_symbol_norms", r"chunk: int = \d+",
      "equivalent: the batch size of the C x C norms, each certified on its own"),
     ("lipcheck/bounds/gram_envelope.py", r".*", r"torch\.(empty|arange)\([^()]*, \)|torch\.arange\(L, \)",

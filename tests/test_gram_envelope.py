@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lipcheck import rounding
 from lipcheck.bounds import deflation as df
 from lipcheck.bounds import gram_envelope as ge
-from lipcheck.bounds.spectral import normalised
+from lipcheck.bounds.spectral import _scale_back, normalised
 from test_majorant import axis, dense_T, params, random_layer, taps
 
 
@@ -90,6 +90,33 @@ def test_envelope_majorises_the_gram_matrix(h, M, H, W, shift, width, seed):
     assert norm ** 2 * (1 - 1e-12) <= top <= np.linalg.eigvalsh(R)[-1] * (1 + 1e-8) + 1e-300
     b = ge.circulant_gram_bound(p, H, W)
     assert norm * (1 - 1e-12) <= b <= math.sqrt(f.max()) * (1 + 1e-8)
+    # the documented last steps: sqrt(tau) (1 + 2u) + conversion margin, scaled back outward
+    u = 2.0 ** -53
+    assert b == _scale_back(math.sqrt(ge.certified_top(env)) * (1 + 2 * u) + q.conversion_error * q.magnitude(),
+                            q.log2_scale, up=True)
+    b2 = df.deflated_bound(p, H, W, k=1, complement="gram") if H * W > 1 else None
+    if b2 is not None:  # the deflated bound's envelope value is this bound, computed once
+        assert b2.info["envelope_bound"] == b and b2.info["envelope_seconds"] > 0 and b2.upper <= b
+
+
+def test_torus_norms_are_the_documented_certified_values():
+    """f = ((norm2_upper(S) + matrix_error) + coefficient error) (1 + 2u), squared, times (1 + 8u), on half the torus,
+    mirrored: the documented rounding of proofs/S2.md ('Circulant Gram envelope', (i)) evaluated here."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(4)
+    q = normalised(params(*random_layer(rng, 2, 3, 2, 2.0, 2.0)))
+    H, W = 3, 4
+    f = ge.torus_symbol_norms(q, H, W)
+    gy, gx, _, _ = sp.truncated_symbols(q, H, W)
+    c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx)
+    sn = sp.SymbolNorm(q)
+    err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
+    u = 2.0 ** -53
+    for a, b in ((0, 0), (1, 2), (4, 6), (2, 0)):
+        c0 = c[a, b][None]
+        s = (rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0) + err_c) * (1 + 2 * u)
+        want = float(s * s * (1 + 8 * u))
+        assert float(f[a, b]) == want and float(f[(-a) % 5, (-b) % 7]) == want
 
 
 def test_envelope_coefficients_and_their_error_against_long_double():
@@ -174,6 +201,7 @@ def test_complement_choice_and_bad_input():
     assert ge.affordable(14, 14, 384) and not ge.affordable(16, 16, 384) and not ge.affordable(14, 14, 768)
     assert ge.affordable(16, 16, 192) and not ge.affordable(32, 32, 48) and ge.affordable(16, 17, 1)
     assert not ge.affordable(17, 17, 1)  # 33 x 33 frequencies, 545 on half the torus
+    assert ge.affordable(512, 1, 1) and not ge.affordable(513, 1, 1)  # 1023 and 1025 frequencies: 512, 513 halves
     assert [df.default_k_gram(196, C) for C in (12, 48, 192, 384, 768)] == [195, 96, 24, 12, 10]
     assert df.default_k_gram(4, 1) == 3
     assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(16, 16, 384, 6) == "majorant"

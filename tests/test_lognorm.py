@@ -343,7 +343,8 @@ def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
 
 
 def test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64():
-    """_real_gram's e_G = gamma_{m+4} F2 + 8 (m + 2) n eta with F2 = sum |M_ij|^2 (1 + gamma_{mn+4}) (proofs/S2.md),
+    """_real_gram's e_G = gamma_{m+4} F2 + 8 (m + 2) n eta with F2 = fl(sum |M_ij|^2) (1 + gamma_{2mn+4}) (proofs/S2.md;
+    2mn squares for complex M, the same count allowed for real M), F2 also evaluated in the code's order,
     re-evaluated at 50 digits; and norm2_upper's early answers (no entries, all zero, NaN) are float64 like every
     other answer."""
     mpmath.mp.dps = 50
@@ -355,8 +356,9 @@ def test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64(
               torch.complex(torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randn(4, 4, generator=g, dtype=torch.float64))):
         m, n = M.shape
         _, _, eG, F2 = rounding._real_gram(M)
-        f2 = mpmath.fsum(mpmath.mpf(float(x)) ** 2 for x in M.abs().reshape(-1)) * (1 + gam(m * n + 4))
+        f2 = mpmath.fsum(mpmath.mpf(float(x)) ** 2 for x in M.abs().reshape(-1)) * (1 + gam(2 * m * n + 4))
         assert abs(mpmath.mpf(float(F2)) / f2 - 1) < 1e-14
+        assert float(F2) == float(rounding.sum_of_squares(M)) * (1 + rounding.gamma(2 * m * n + 4))
         ref = gam(m + 4) * mpmath.mpf(float(F2)) + 8 * (m + 2) * n * eta
         assert abs(mpmath.mpf(float(eG)) / ref - 1) < 1e-14
     for M, want in ((torch.zeros(2, 0, 3, dtype=torch.float32), torch.zeros(2)), (torch.zeros(3, 2, 2), torch.zeros(3)),
@@ -427,3 +429,20 @@ def test_norm2_upper_and_the_anchor_guess_on_subnormal_matrices():
     v = spectral.anchor_verification(S, s1, u1, v1, s2)
     top = spectral.two_by_two_norm(s1 + v["rho_r"], v["rho_b"], v["rho_r"], v["tau2"])
     assert all(bool(torch.isfinite(x).all()) for x in v.values()) and float(top) >= abs(3e-320 + 1e-321j)
+
+
+def test_float32_cholesky_check_keeps_float32s_rump_shift_and_4d_batches():
+    """Rump's shift is gamma_{n+1} of the matrix's own dtype times the trace: for a 300 x 300 float32 diagonal S with
+    lambda_max = 1 and trace(mu I - S) ~ 150 the shift is about 2.7e-3, so mu = 1 + 1e-4 is refused (float64's gamma
+    would have passed it) and mu = 1 + 1e-2 certified; a (2, 1, n, n) batch through LAPACK gives the same answers as
+    the matrices one by one."""
+    n = 300
+    assert n >= rounding.LAPACK_MIN_N
+    S = torch.diag(torch.linspace(0.0, 1.0, n, dtype=torch.float32))
+    ok_near, _ = rounding.cholesky_certifies(S, torch.tensor(1 + 1e-4, dtype=torch.float32))
+    ok_far, _ = rounding.cholesky_certifies(S, torch.tensor(1 + 1e-2, dtype=torch.float32))
+    assert not bool(ok_near) and bool(ok_far)
+    S64 = torch.diag(torch.linspace(0.0, 1.0, n, dtype=torch.float64))
+    batch = torch.stack([S64, 3 * S64])[:, None]  # (2, 1, n, n)
+    ok, _ = rounding.cholesky_certifies(batch, torch.tensor([[1.5], [1.5]], dtype=torch.float64))
+    assert ok.shape == (2, 1) and ok.tolist() == [[True], [False]]
