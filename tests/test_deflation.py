@@ -217,14 +217,17 @@ def test_report_fields_and_the_envelope_budget():
 
 
 @pytest.mark.parametrize("e", [-900, 900])
-def test_deflated_bound_at_extreme_scales(e):
-    """alpha x 2^e (exact in float64): the bound scales with it and stays above the dense SVD of the unscaled layer
-    times 2^e, written here; it neither overflows nor underflows to 0."""
+@pytest.mark.parametrize("complement", ["majorant", "gram"])
+def test_deflated_bound_at_extreme_scales(e, complement):
+    """alpha x 2^e (exact in float64), with either envelope on the complement: the bound scales with it and stays
+    above the dense SVD of the unscaled layer times 2^e, written here; it neither overflows nor underflows to 0."""
     rng = np.random.default_rng(14)
     alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 2.0, 2.0)
     exact = dense_norm(alpha, mu, sigma, WV, WO, 4, 5)
-    b1 = df.deflated_bound(params(alpha, mu, sigma, WV, WO), 4, 5, k=8, **FAST)
-    b = df.deflated_bound(params(alpha * 2.0 ** e, mu, sigma, WV, WO), 4, 5, k=8, **FAST)
+    kw = dict(FAST, complement=complement)
+    b1 = df.deflated_bound(params(alpha, mu, sigma, WV, WO), 4, 5, k=8, **kw)
+    b = df.deflated_bound(params(alpha * 2.0 ** e, mu, sigma, WV, WO), 4, 5, k=8, **kw)
+    assert b.info["envelope"] == complement
     assert math.isfinite(b.upper) and b.upper > 0
     assert b.upper >= math.ldexp(exact, e) * (1 - 1e-12)
     assert b.upper == pytest.approx(math.ldexp(b1.upper, e), rel=1e-12)
