@@ -67,8 +67,7 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32) -> 
     the kernels truncated to the box's offsets (sp.truncated_symbols, error sp.truncated_symbol_error): the stored
     S (SymbolNorm.matrix, error matrix_error) certified by rounding.norm2_upper, on half the torus; the mirror
     frequency (-a mod L1, -b mod L2) takes the same value (real taps: S_L(-w) = conj(S_L(w)), the same norm)."""
-    gy, gx, _, _ = sp.truncated_symbols(q, H, W)
-    c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx)  # (L1, L2, h)
+    c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
     L1, L2 = c.shape[:2]
     dev = c.device
     a, b = torch.arange(L1, device=dev), torch.arange(L2, device=dev)

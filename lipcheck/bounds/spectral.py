@@ -331,6 +331,13 @@ def truncated_symbols(p: SSoGParams, H: int, W: int):
     return gy, gx, wy, wx
 
 
+def torus_coefficients(p: SSoGParams, H: int, W: int):
+    """(c (2H-1, 2W-1, h), wy, wx): c_h at the circulant embedding's torus frequencies from the truncated symbols
+    (error: coefficient_error(p, truncated_symbol_error(p, H, W)))."""
+    gy, gx, wy, wx = truncated_symbols(p, H, W)
+    return torch.einsum("hm,ahm,bhm->abh", p.alpha.to(gy.dtype), gy, gx), wy, wx
+
+
 def truncated_symbol_error(p: SSoGParams, H: int, W: int) -> torch.Tensor:
     """(h, M, 2) bound on the error of `truncated_symbols`: 2n - 1 taps times phases with |k w| <= 2 pi n."""
     e = tap_error(p)
@@ -681,8 +688,8 @@ def circulant_bound(p: SSoGParams, H: int, W: int, *, sn: SymbolNorm | None = No
     back; upper includes the rounding of the truncated symbols (truncated_symbol_error)."""
     _check_grid_size(H, W)
     q = normalised(p)
-    gy, gx, wy, wx = truncated_symbols(q, H, W)
-    c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx).reshape(-1, q.num_heads)
+    c, wy, wx = torus_coefficients(q, H, W)
+    c = c.reshape(-1, q.num_heads)
     w = torch.stack(torch.meshgrid(wy, wx, indexing="ij"), -1).reshape(-1, 2)
     # f(-w) = f(w) (real kernels: conjugate symbols), so half of the grid suffices
     keep = (w[:, 0] > 0) | ((w[:, 0] == 0) & (w[:, 1] >= 0))
