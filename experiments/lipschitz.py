@@ -512,7 +512,7 @@ def main(argv=None) -> int:
           "the (2H-1)x(2W-1) block-circulant embedding, (when the dense matrix fits) Gram iteration, the Toeplitz "
           "majorant and, in the presets table, the deflated bound (T^T T exactly on k token functions x C channels, "
           "lipcheck.bounds.deflation; the complement bounded by the circulant Gram envelope, "
-          "lipcheck.bounds.gram_envelope, where its C x C norms are affordable, else by the majorant's envelope; "
+          "lipcheck.bounds.gram_envelope, up to 32x32 where Theorem D4's blocks fit, else by the majorant's envelope; "
           "proofs/S2.md). "
           "`upper_prob` holds with probability >= 1 - 1e-6 over the random Lanczos start (Kuczynski-Wozniakowski), "
           "the adaptive stopping included (union bound over the planned checks); every run draws a fresh seed, "

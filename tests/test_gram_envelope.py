@@ -15,12 +15,10 @@ from lipcheck.bounds.spectral import _scale_back, normalised
 from test_majorant import axis, dense_T, params, random_layer, taps
 
 
-def torus_norms_sq(alpha, mu, sigma, WV, WO, H, W):
-    """||S_L(w)||^2 at the (2H-1) x (2W-1) torus frequencies, S_L(w) = sum_h c_h(w) P_h with c_h the DFT of the
-    kernel taps at offsets |k| <= n - 1 (from scratch, numpy SVDs)."""
+def torus_coefficients_np(alpha, mu, sigma, H, W):
+    """c (L1, L2, h): the DFT of each head's kernel taps at offsets |k| <= n - 1 at the (2H-1) x (2W-1) torus
+    frequencies, from scratch."""
     h, M = alpha.shape
-    C = WV.shape[0]
-    d = C // h
     L1, L2 = 2 * H - 1, 2 * W - 1
 
     def dft(n, L, m_, s_):
@@ -28,14 +26,28 @@ def torus_norms_sq(alpha, mu, sigma, WV, WO, H, W):
         w = 2 * np.pi * np.arange(L) / L
         return np.exp(-1j * w[:, None] * k[None, :]) @ taps(k, m_, s_)
 
-    P = [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(h)]
-    c = [sum(alpha[i, m] * np.outer(dft(H, L1, mu[i, m, 0], sigma[i, m, 0]), dft(W, L2, mu[i, m, 1], sigma[i, m, 1]))
-             for m in range(M)) for i in range(h)]
-    out = np.empty((L1, L2))
-    for a in range(L1):
-        for b in range(L2):
-            out[a, b] = np.linalg.norm(sum(c[i][a, b] * P[i] for i in range(h)), 2) ** 2
-    return out
+    return np.stack([sum(alpha[i, m] * np.outer(dft(H, L1, mu[i, m, 0], sigma[i, m, 0]),
+                                                 dft(W, L2, mu[i, m, 1], sigma[i, m, 1])) for m in range(M))
+                     for i in range(h)], -1)
+
+
+def head_projections_np(WV, WO, h):
+    d = WV.shape[0] // h
+    return [WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :] for i in range(h)]
+
+
+def torus_norms_sq(alpha, mu, sigma, WV, WO, H, W):
+    """||S_L(w)||^2 at the torus frequencies, S_L(w) = sum_h c_h(w) P_h (numpy SVDs)."""
+    c = torus_coefficients_np(alpha, mu, sigma, H, W)
+    P = head_projections_np(WV, WO, alpha.shape[0])
+    return np.array([[np.linalg.norm(sum(ci * Pi for ci, Pi in zip(row, P)), 2) ** 2 for row in line] for line in c])
+
+
+def cheap_bound_sq(alpha, mu, sigma, WV, WO, H, W):
+    """min(sum_h |c_h| ||P_h||, ||W_V|| max_h |c_h| ||W_O||)^2 at the torus frequencies."""
+    c = np.abs(torus_coefficients_np(alpha, mu, sigma, H, W))
+    Pn = np.array([np.linalg.norm(P, 2) for P in head_projections_np(WV, WO, alpha.shape[0])])
+    return np.minimum((c * Pn).sum(-1), np.linalg.norm(WV, 2) * np.linalg.norm(WO, 2) * c.max(-1)) ** 2
 
 
 def envelope_matrix(f, H, W):
@@ -76,11 +88,25 @@ def test_envelope_majorises_the_gram_matrix(h, M, H, W, shift, width, seed):
     p = params(*layer)
     q = normalised(p)
     s2 = 4.0 ** q.log2_scale  # normalised units (squared) -> the layer's
-    env = ge.gram_envelope(q, H, W)
-    fl = env.f.numpy() * s2
-    assert np.all(fl >= f * (1 - 1e-13)) and np.all(fl <= f * (1 + 1e-8) + 1e-300)
     L1, L2 = f.shape
+    # the default stopping rule: certified norms where the cheap bound is large, the cheap bound (written here:
+    # min(sum_h |c_h| ||P_h||, ||W_V|| max_h |c_h| ||W_O||)) elsewhere, never below the rule's threshold
+    envd = ge.gram_envelope(q, H, W)
+    fd = envd.f.numpy() * s2
+    assert np.all(fd >= f * (1 - 1e-13)) and 1 <= envd.norms <= math.ceil(L1 * L2 / 2)
+    gap_d = np.linalg.eigvalsh(np.kron(envd.R.numpy() * s2, np.eye(C)) - G)[0]
+    assert gap_d >= -1e-12 * np.linalg.norm(G, 2)
+    env = ge.gram_envelope(q, H, W, theta=0.0)  # every frequency certified
+    assert env.norms == math.ceil(L1 * L2 / 2)
+    fl = env.f.numpy() * s2
+    # tight to 1e-8 relative, and to 1e-10 of the largest value (the coefficients' error is absolute)
+    assert np.all(fl >= f * (1 - 1e-13)) and np.all(fl <= f * (1 + 1e-8) + 1e-10 * f.max() + 1e-300)
+    cheap = cheap_bound_sq(*layer, H, W)
+    loose = fd > fl * (1 + 1e-12)
+    assert np.all(fd <= np.maximum(fl, cheap) * (1 + 1e-8) + 1e-300)
+    assert np.all(cheap[loose] <= ge.THETA * fl.max() * (1 + 1e-8) + 1e-300)
     assert np.array_equal(fl, fl[(-np.arange(L1)) % L1][:, (-np.arange(L2)) % L2])
+    assert np.array_equal(fd, fd[(-np.arange(L1)) % L1][:, (-np.arange(L2)) % L2])
     Rf = envelope_matrix(env.f.numpy(), H, W)  # R of the library's own f, built here
     assert np.linalg.norm(env.R.numpy() - Rf, 2) <= env.err
     assert env.err <= 1e-12 * np.abs(Rf).max() * H * W + 1e-300
@@ -100,23 +126,46 @@ def test_envelope_majorises_the_gram_matrix(h, M, H, W, shift, width, seed):
 
 
 def test_torus_norms_are_the_documented_certified_values():
-    """f = ((norm2_upper(S) + matrix_error) + coefficient error) (1 + 2u), squared, times (1 + 8u), on half the torus,
-    mirrored: the documented rounding of proofs/S2.md ('Circulant Gram envelope', (i)) evaluated here."""
+    """f = ((s + coefficient error) (1 + 2u))^2 (1 + 8u) on half the torus, mirrored, with s = min(g, norm2_upper(S)
+    + matrix_error) where certified and s = g (SymbolNorm.cheap) elsewhere: the documented rounding of proofs/S2.md
+    ('Circulant Gram envelope', (i)) evaluated here; certified are the frequencies of largest g, until every
+    remaining g^2 <= theta (largest certified s)^2 or budget / C^3 norms."""
     from lipcheck.bounds import spectral as sp
     rng = np.random.default_rng(4)
     q = normalised(params(*random_layer(rng, 2, 3, 2, 2.0, 2.0)))
     H, W = 3, 4
-    f = ge.torus_symbol_norms(q, H, W)
     gy, gx, _, _ = sp.truncated_symbols(q, H, W)
     c = torch.einsum("hm,ahm,bhm->abh", q.alpha.to(gy.dtype), gy, gx)
     sn = sp.SymbolNorm(q)
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
     u = 2.0 ** -53
-    for a, b in ((0, 0), (1, 2), (4, 6), (2, 0)):
-        c0 = c[a, b][None]
-        s = (rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0) + err_c) * (1 + 2 * u)
-        want = float(s * s * (1 + 8 * u))
-        assert float(f[a, b]) == want and float(f[(-a) % 5, (-b) % 7]) == want
+    half = [(a, b) for a in range(5) for b in range(7) if a * 7 + b <= ((-a) % 5) * 7 + (-b) % 7]
+    assert len(half) == 18
+    g = {ab: float(sn.cheap(c[ab][None])) for ab in half}
+    certified = {ab: float(torch.minimum(sn.cheap(c[ab][None]), rounding.norm2_upper(sn.matrix(c[ab][None]))
+                                         + sn.matrix_error(c[ab][None]))) for ab in half}
+
+    def value(s):
+        s = torch.tensor([s + err_c], dtype=torch.float64) * (1 + 2 * u)
+        return float(s * s * (1 + 8 * u))
+
+    by_g = sorted(half, key=lambda ab: -g[ab])
+    for theta, budget, chunk, norms in ((0.0, None, 32, 18), (0.0, 5 * 4 ** 3, 2, 5), (1.0, None, 1, None),
+                                        (0.5, None, 3, None)):
+        f, n = ge.torus_symbol_norms(q, H, W, theta=theta, budget=budget, chunk=chunk)
+        if norms is not None:
+            assert n == norms
+        top = by_g[:n]
+        best = max(certified[ab] for ab in top)
+        for ab in half:
+            want = value(certified[ab] if ab in top else g[ab])
+            a, b = ab
+            assert float(f[a, b]) == want and float(f[(-a) % 5, (-b) % 7]) == want
+            if ab not in top and n < 18 and budget is None:  # stopped by the rule, not the budget
+                assert g[ab] ** 2 <= theta * best ** 2
+        if theta > 0 and n < 18:  # the rule stops at the first chunk whose largest g falls below it
+            assert g[by_g[n - chunk if n % chunk == 0 else n - n % chunk]] ** 2 > theta * max(
+                [certified[ab] for ab in by_g[:(n - 1) // chunk * chunk]] or [0.0]) ** 2
 
 
 def test_envelope_coefficients_and_their_error_against_long_double():
@@ -195,16 +244,16 @@ def test_gram_deflation_on_a_factorised_layer(mu, sigma, C):
 
 
 def test_complement_choice_and_bad_input():
-    """choose_complement: the Gram envelope up to ENVELOPE_BUDGET (14 x 14 at C = 384; not 16 x 16 there, nor C = 768),
-    MAX_FREQUENCIES (512 on half the torus: 16 x 17 exactly, not 17 x 17) and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement and a k beyond GRAM_BUDGET
-    are refused."""
-    assert ge.affordable(14, 14, 384) and not ge.affordable(16, 16, 384) and not ge.affordable(14, 14, 768)
-    assert ge.affordable(16, 16, 192) and not ge.affordable(32, 32, 48) and ge.affordable(16, 17, 1)
-    assert not ge.affordable(17, 17, 1)  # 33 x 33 frequencies, 545 on half the torus
-    assert ge.affordable(512, 1, 1) and not ge.affordable(513, 1, 1)  # 1023 and 1025 frequencies: 512, 513 halves
+    """choose_complement: the Gram envelope up to MAX_FREQUENCIES (2048 on half the torus: 32 x 33 exactly, not
+    33 x 33; 32 x 32 at any C) and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement
+    and a k beyond GRAM_BUDGET are refused."""
+    assert ge.affordable(32, 32) and ge.affordable(32, 33) and ge.affordable(33, 32) and not ge.affordable(33, 33)
+    assert ge.affordable(2048, 1) and not ge.affordable(2049, 1)  # 4095 and 4097 frequencies: 2048, 2049 halves
+    assert not ge.affordable(64, 64)
     assert [df.default_k_gram(196, C) for C in (12, 48, 192, 384, 768)] == [195, 96, 24, 12, 10]
     assert df.default_k_gram(4, 1) == 3
-    assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(16, 16, 384, 6) == "majorant"
+    assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(32, 32, 384, 6) == "gram"
+    assert df.choose_complement(64, 64, 48, 3) == "majorant"
     assert df.choose_complement(14, 14, 384, 6, k=14) == "majorant"  # 6^4 (14 * 384)^2 > GRAM_BUDGET
     rng = np.random.default_rng(1)
     layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)

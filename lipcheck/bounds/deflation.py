@@ -443,10 +443,11 @@ def default_k_gram(N: int, C: int) -> int:
 
 
 def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) -> str:
-    """'gram' (the circulant Gram envelope bounds the complement, Lemma G2 of proofs/S2.md) where its C x C norms fit
-    gram_envelope.ENVELOPE_BUDGET and Theorem D4's matrices fit GRAM_BUDGET; else 'majorant' (Lemma D2)."""
+    """'gram' (the circulant Gram envelope bounds the complement, Lemma G2 of proofs/S2.md) where half its torus fits
+    gram_envelope.MAX_FREQUENCIES (up to 32 x 32) and Theorem D4's matrices fit GRAM_BUDGET; else 'majorant'
+    (Lemma D2)."""
     kk = default_k_gram(H * W, C) if k is None else max(1, min(int(k), H * W - 1))
-    return "gram" if ge.affordable(H, W, C) and gram_affordable(heads, kk, C) else "majorant"
+    return "gram" if ge.affordable(H, W) and gram_affordable(heads, kk, C) else "majorant"
 
 
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
@@ -544,6 +545,7 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float) -> Defla
     u = rounding.unit_roundoff(torch.float64)
     margin_conv = q.conversion_error * q.magnitude()
     info = dict(envelope="gram", envelope_bound=None, eta=eta, kC=k * q.dim, envelope_seconds=env.seconds,
+                envelope_norms=env.norms,
                 complement=sp._scale_back(math.sqrt(m22), e, up=True), errors=dict(envelope=env.err))
     tau, est, upper_from = tau_R, tau_R, "envelope"
     if m22 < tau_R:  # else no tau >= m22 can beat the envelope's own bound: the blocks are not built

@@ -15,8 +15,9 @@ circulant bound squared), and for token functions orthogonal to span(Q), ||T b||
 S_L(w) x^(w) within each torus frequency are lost; the Toeplitz majorant loses them over the continuous torus and
 pays for a cellwise envelope besides.
 
-Cost: one certified C x C norm per frequency of half the torus (rounding.norm2_upper; S_L(-w) is the conjugate of
-S_L(w)), affordable where (L1 L2 / 2) C^3 is (`affordable`).
+Cost: certified C x C norms (rounding.norm2_upper) at the frequencies of half the torus where the symbol is large
+(S_L(-w) is the conjugate of S_L(w)); a cheap certified bound elsewhere (`torus_symbol_norms`); used up to 32 x 32
+(`affordable`).
 """
 from __future__ import annotations
 
@@ -30,12 +31,17 @@ from .. import rounding
 from . import spectral as sp
 from .majorant import _upper_half, dense_toeplitz
 
-# (torus frequencies / 2) * C^3 up to this: 14 x 14 at C = 384 (2.1e10, some 18 s of C x C norms on 2 cores);
-# beyond it (16 x 16 at C = 384) the Toeplitz majorant's envelope serves
+# the certified C x C norms cost up to this many C^3 (about 390 norms at C = 384: some 13 s on 2 cores); the rest of
+# the torus keeps the cheap bound (torus_symbol_norms)
 ENVELOPE_BUDGET = 2.2e10
-# and at most this many certified norms (16 x 16: 481): at 32 x 32 (1985 of them; 21 s at C = 192) the boundary
-# effects it captures are small and the majorant's envelope is within some 1 % for less (docs/exactness.md)
-MAX_FREQUENCIES = 512
+# certified norms stop once every remaining cheap bound squared is below THETA times the largest certified value.
+# Measured on frozen narrow kernels at C = 384 (docs/exactness.md, 1 thread): at 14 x 14 (365 frequencies) theta =
+# 0.5, 0.25, 0.1 certified 64, 96, 192 norms and left the deflated bound 0.34, 0.28, 0.22 % above exact (0.22 % with
+# all 365); at 32 x 32 0.5 certified 256 (0.160 %), 0.25 and 0.1 the budget's 388 (0.155 %)
+THETA = 0.1
+# at most this many frequencies on half the torus (32 x 32: 1985); beyond, the Toeplitz majorant's envelope serves
+# (at 64 x 64 the N x N envelope's eigenvectors cost most, and the symbol's sup is within some 1 % already)
+MAX_FREQUENCIES = 2048
 TWO_PI = 2 * math.pi  # fl(2 pi) = 2 fl(pi): within 2 pi u of 2 pi
 
 
@@ -47,12 +53,12 @@ class GramEnvelope:
     err: float
     f: torch.Tensor
     seconds: float
+    norms: int = 0  # C x C norms certified (the rest of f is the cheap bound)
 
 
-def affordable(H: int, W: int, C: int) -> bool:
-    """Whether the envelope's certified C x C norms fit MAX_FREQUENCIES and ENVELOPE_BUDGET."""
-    n = math.ceil((2 * H - 1) * (2 * W - 1) / 2)
-    return n <= MAX_FREQUENCIES and n * float(C) ** 3 <= ENVELOPE_BUDGET
+def affordable(H: int, W: int) -> bool:
+    """Whether half the torus fits MAX_FREQUENCIES (the certified norms are capped by ENVELOPE_BUDGET at any C)."""
+    return math.ceil((2 * H - 1) * (2 * W - 1) / 2) <= MAX_FREQUENCIES
 
 
 def trig_error(u: float) -> float:
@@ -62,11 +68,21 @@ def trig_error(u: float) -> float:
     return 2 * math.pi * 3.01 * u + 2 * u
 
 
-def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32) -> torch.Tensor:
-    """f (L1, L2) with f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a / L1, 2 pi b / L2), S_L the symbol of
-    the kernels truncated to the box's offsets (sp.truncated_symbols, error sp.truncated_symbol_error): the stored
-    S (SymbolNorm.matrix, error matrix_error) certified by rounding.norm2_upper, on half the torus; the mirror
-    frequency (-a mod L1, -b mod L2) takes the same value (real taps: S_L(-w) = conj(S_L(w)), the same norm)."""
+def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, theta: float | None = None,
+                       budget: float | None = None) -> tuple[torch.Tensor, int]:
+    """(f (L1, L2), the number of C x C norms certified): f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a /
+    L1, 2 pi b / L2), S_L the symbol of the kernels truncated to the box's offsets (sp.truncated_symbols, error
+    sp.truncated_symbol_error), on half the torus; the mirror frequency (-a mod L1, -b mod L2) takes the same value
+    (real taps: S_L(-w) = conj(S_L(w)), the same norm).
+
+    At every frequency the cheap bound g = SymbolNorm.cheap (the triangle bound over the heads or ||W_V|| max|c_h|
+    ||W_O||, certified); in decreasing order of g, the stored S (SymbolNorm.matrix, error matrix_error) is certified by
+    rounding.norm2_upper and the smaller of the two kept, until every remaining g^2 is at most theta times the
+    largest value certified so far, or the norms have cost budget / C^3 of them. Either way f is certified: the
+    stopping rule only decides where the looser g stands, and g^2 <= theta max f there costs little, for R_f's top
+    eigenvalues follow f's largest values (proofs/S2.md, 'Circulant Gram envelope', (i))."""
+    theta = THETA if theta is None else float(theta)
+    budget = ENVELOPE_BUDGET if budget is None else float(budget)
     c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
     L1, L2 = c.shape[:2]
     dev = c.device
@@ -77,17 +93,26 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32) -> 
     sn = sp.SymbolNorm(q)
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
     ck = c.reshape(-1, q.num_heads)[keep]
-    s = []
-    for c0 in ck.split(chunk):
-        s.append(rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0))
+    s = sp._no_nan(sn.cheap(ck), "torus symbol norms")
+    order = torch.argsort(s, descending=True, stable=True)
+    most = max(1, int(budget // float(q.dim) ** 3))
+    best, done = 0.0, 0
+    while done < min(most, order.numel()):
+        pick = order[done:done + min(chunk, most - done)]
+        if float(s[pick[0]]) ** 2 <= theta * best ** 2:
+            break
+        c0 = ck[pick]
+        s[pick] = torch.minimum(s[pick], rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0))
+        best = max(best, float(s[pick].max()))
+        done += pick.numel()
     u = rounding.unit_roundoff(torch.float64)
     # two additions rounded to nearest (<= u each), then the square (<= u): 8u covers them
-    s = (torch.cat(s) + err_c) * (1 + 2 * u)
+    s = (s + err_c) * (1 + 2 * u)
     f = sp._no_nan(s * s * (1 + 8 * u), "torus symbol norms")
     out = torch.empty(L1 * L2, dtype=torch.float64, device=dev)
     out[idx[keep]] = f
     out[mirror[keep]] = f
-    return out.reshape(L1, L2)
+    return out.reshape(L1, L2), done
 
 
 def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, float]:
@@ -122,21 +147,22 @@ def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.
     return t, e_r
 
 
-def gram_envelope(q: sp.SSoGParams, H: int, W: int) -> GramEnvelope:
-    """R_f for f = torus_symbol_norms (normalised parameters q, float64): the stored matrix T_N(t) of
-    torus_toeplitz_coefficients differs from R_f by a two-level Toeplitz matrix with entries <= e_r, so by <= N e_r in
-    norm (every row holds N of them)."""
+def gram_envelope(q: sp.SSoGParams, H: int, W: int, *, theta: float | None = None,
+                  budget: float | None = None) -> GramEnvelope:
+    """R_f for f = torus_symbol_norms (normalised parameters q, float64; theta, budget: its stopping rule, default
+    THETA and ENVELOPE_BUDGET): the stored matrix T_N(t) of torus_toeplitz_coefficients differs from R_f by a
+    two-level Toeplitz matrix with entries <= e_r, so by <= N e_r in norm (every row holds N of them)."""
     if q.WV.dtype != torch.float64:
         raise ValueError("the circulant Gram envelope is certified in float64 only: pass ssog_params(layer) in float64")
     sp._check_grid_size(H, W)
     sp.require_finite(q, "circulant Gram envelope")
     t0 = time.perf_counter()
-    f = torus_symbol_norms(q, H, W)
+    f, norms = torus_symbol_norms(q, H, W, theta=theta, budget=budget)
     t, e_r = torus_toeplitz_coefficients(f, H, W)
     sp._no_nan(t, "circulant Gram envelope coefficients")
     R = dense_toeplitz(t, H, W)
     err = H * W * e_r * (1 + rounding.gamma(4))
-    return GramEnvelope(R=R, err=err, f=f, seconds=time.perf_counter() - t0)
+    return GramEnvelope(R=R, err=err, f=f, seconds=time.perf_counter() - t0, norms=norms)
 
 
 def certified_top(env: GramEnvelope) -> float:
