@@ -274,3 +274,7 @@ def test_complement_choice_and_bad_input():
     bad = params(layer[0] * np.nan, *layer[1:])
     with pytest.raises(ValueError):
         ge.circulant_gram_bound(bad, 3, 3)
+    with pytest.raises(ValueError, match="torus symbol norms"):  # NaN coefficients: the cheap bounds refuse
+        ge.torus_symbol_norms(bad, 3, 3)
+    with pytest.raises(ValueError, match="torus symbol norms"):  # finite norms whose squares overflow (unnormalised)
+        ge.torus_symbol_norms(params(layer[0] * 1e200, *layer[1:]), 3, 3)

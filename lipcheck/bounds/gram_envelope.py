@@ -99,7 +99,7 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     best, done = 0.0, 0
     while done < min(most, order.numel()):
         pick = order[done:done + min(chunk, most - done)]
-        if float(s[pick[0]]) ** 2 <= theta * best ** 2:
+        if float(s[pick[0]]) <= math.sqrt(theta) * best:  # g^2 <= theta best^2 (not squared: no overflow)
             break
         c0 = ck[pick]
         s[pick] = torch.minimum(s[pick], rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0))
