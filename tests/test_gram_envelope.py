@@ -109,6 +109,8 @@ def test_envelope_majorises_the_gram_matrix(h, M, H, W, shift, width, seed):
     assert np.array_equal(fd, fd[(-np.arange(L1)) % L1][:, (-np.arange(L2)) % L2])
     Rf = envelope_matrix(env.f.numpy(), H, W)  # R of the library's own f, built here
     assert np.linalg.norm(env.R.numpy() - Rf, 2) <= env.err
+    _, e_r = ge.torus_toeplitz_coefficients(env.f, H, W)  # the documented N e_r, rounded up by gamma_4
+    assert env.err == H * W * e_r * (1 + rounding.gamma(4))
     assert env.err <= 1e-12 * np.abs(Rf).max() * H * W + 1e-300
     assert np.array_equal(env.R.numpy(), env.R.numpy().T)
     norm = np.linalg.norm(T, 2)
