@@ -380,8 +380,9 @@ SURVIVOR_REASONS = [
      "lower=1 factors the transpose, which completes exactly when the matrix's does (the same numbers)"),
     ("lipcheck/rounding.py", r"verified_lambda_max", r"4 \* n \* u / scale",
      "the first pad only: a smaller one costs a retry (tenfold per failure), the Cholesky check decides"),
-    ("lipcheck/rounding.py", r"norm2_upper", r"\(1 \+ gamma\(7, u\)\)",
-     "loosens: one more rounding allowed on the reported square root"),
+    ("lipcheck/rounding.py", r"norm2_upper", r"\(1 (\+ gamma\(7|- gamma\(6), u\)\)",
+     "now killed by tests/test_lognorm.py::test_norm2_upper_is_the_documented_certificate (the result pinned to the "
+     "last bit; added after the seed-37 run, checked by applying the mutant by hand)"),
     ("lipcheck/bounds/gram_envelope.py", r"torus_symbol_norms", r"chunk: int = \d+",
      "equivalent: the batch size of the C x C norms, each certified on its own"),
     ("lipcheck/bounds/gram_envelope.py", r".*", r"torch\.(empty|arange)\([^()]*, \)|torch\.arange\(L, \)",
@@ -858,7 +859,8 @@ SURVIVOR_REASONS = [
     ("lipcheck/rounding.py", r"norm2_upper", r"torch\.as_tensor\(s, device=M\.device\)",
      "equivalent: s is only the guess that the Cholesky certificate tests; its dtype changes no certified value"),
     ("lipcheck/rounding.py", r"norm2_upper", r"rel = [5-9] \* \(gamma",
-     "loosens: a larger first pad above the guess (by ~n^2 u relative), still certified"),
+     "now killed by tests/test_lognorm.py::test_norm2_upper_is_the_documented_certificate (the first pad pinned; "
+     "added after the seed-37 run, checked by applying the mutant by hand)"),
     ("lipcheck/rounding.py", r"verified_lambda_max", r"4 / n \* u \* scale",
      "changes only the first try's pad: whatever mu the Cholesky certificate accepts is a proven bound, and a "
      "smaller pad gives an equal or tighter one (the tests bound it from both sides at 1e-9)"),

@@ -310,6 +310,10 @@ def test_gram_bound_is_tight_and_certified():
         b, k = spectral.gram_bound(T)
         assert ref * (1 - TIGHT) <= b <= ref * (1 + 1e-6), (n, b, ref, k)
     assert spectral.gram_bound(torch.zeros(5, 5, dtype=F64))[0] == 0.0
+    # norm exactly 1 and every product exact: never below 1, and only the allowances above it (some 12u)
+    for T in ([[1.0, 0.0], [0.0, 0.0]], [[0.0, 1.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]):
+        b, _ = spectral.gram_bound(torch.tensor(T, dtype=F64))
+        assert 1.0 <= b <= 1.0 + 200 * 2.0 ** -53
 
 
 def test_two_by_two_norm_has_no_cancellation():

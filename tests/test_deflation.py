@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from lipcheck import rounding
 from lipcheck.bounds import deflation as df
 from test_majorant import axis, dense_norm, dense_T, params, random_layer
 
@@ -110,6 +111,15 @@ def test_delta_certificate_is_an_upper_bound_on_the_complement():
     # T - c Q Q^T has lambda_max -> the complement's as c grows (the coupling to span(Q) costs ~ ||cross||^2 / c)
     assert df.certify_delta(TN, 0.0, Q, want, c=1e6) <= want * (1 + 1e-4)
     assert df.certify_delta(TN, 1e-3, Q, want, c=1e6) >= want + 1e-3  # the stored matrix's error is added
+    # the documented allowances, evaluated here: tn_err + gamma_{k+3} c fq + 3u ||fl(S)||_F with fq = ||Q||_F^2 (1 +
+    # gamma_{Nk+2}), added to the Cholesky-certified lambda_max of S = sym(fl(T_N - c Q Q^T)) (proofs/S2.md)
+    u, c, tn_err = 2.0 ** -53, 3.0, 1e-9
+    S = TN - (c * Q) @ Q.T
+    S = (S + S.T) / 2
+    fq = float(Q.square().sum()) * (1 + rounding.gamma(N * k + 2))
+    extra = tn_err + rounding.gamma(k + 3) * c * fq + 3 * u * float(S.square().sum().sqrt())
+    mu = float(rounding.verified_lambda_max(S, lam=torch.tensor(want, dtype=S.dtype), tries=df.CERTIFY_TRIES))
+    assert df.certify_delta(TN, tn_err, Q, want, c=c) == (mu + extra) * (1 + 1e-12) + 1e-300
 
 
 def test_orthonormality_defect_bounds_the_gram_error():

@@ -367,6 +367,27 @@ def test_norm2_upper_gram_allowance_is_the_formula_and_zero_results_are_float64(
         assert got.dtype == torch.float64 and torch.equal(got, want.double())
 
 
+def test_norm2_upper_is_the_documented_certificate():
+    """norm2_upper(M, s=guess) on matrices already scaled (largest entry in [1/2, 1): no power of two) is, to the
+    last bit, sqrt(mu + e_G) (1 + gamma_6) with mu from cholesky_certifies(fl(M^T M), s^2 + pad), pad = 4 (gamma_{n+1}
+    n + 2 n u) max(s^2, u F2) + 16 (2n + 1) eta (proofs/S2.md, the verified norm): nothing shaved off the root."""
+    u = 2.0 ** -53
+    g = torch.Generator().manual_seed(11)
+    for shape in ((5, 3), (3, 6)):
+        M = torch.rand(shape, generator=g, dtype=torch.float64) * 0.9
+        M[0, 0] = 0.75
+        X = M if shape[0] >= shape[1] else M.T
+        G, n, eG, F2 = rounding._real_gram(X)
+        s = float(torch.linalg.matrix_norm(M, 2)) * (1 + 1e-6)
+        lam = torch.tensor(s * s, dtype=torch.float64)
+        pad = 4 * (rounding.gamma(n + 1, u) * n + 2 * n * u) * torch.maximum(lam, u * F2) \
+            + 16 * (2 * n + 1) * 2.0 ** -1074
+        ok, mu = rounding.cholesky_certifies(G.clone(), lam + pad, u)
+        assert bool(ok)
+        want = float((mu + eG).sqrt() * (1 + rounding.gamma(6, u)))
+        assert float(rounding.norm2_upper(M, s=torch.tensor(s, dtype=torch.float64))) == want
+
+
 @pytest.mark.parametrize("dt", [torch.float64, torch.float32])
 def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan(dt):
     """Order 300 (LAPACK's potrf called directly, from rounding.LAPACK_MIN_N on): S = Q diag(lam) Q^T with
