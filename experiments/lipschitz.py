@@ -538,8 +538,8 @@ def main(argv=None) -> int:
            "`random init`: the ViT initialisation (alpha = 1/M, so every head averages and the symbol peaks at w = 0). "
            "`frozen`: fixed mixed-sign kernels (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma in [0.25, 3]). "
            "`deflated bound` [envelope, k]: the envelope that bounded the complement (gram: the circulant Gram "
-           "envelope; majorant: the Toeplitz majorant's, beyond 32x32 or where Theorem D4's blocks exceed GRAM_BUDGET) and the "
-           "token functions handled exactly. "
+           "envelope; majorant: the Toeplitz majorant's, beyond 32x32 or where Theorem D4's blocks exceed "
+           "GRAM_BUDGET) and the token functions handled exactly. "
            "Where resolution-free equals the closed form it was not computed: the certified continuous sup (relative "
            "tolerance 1e-2 here) needs hundreds of C x C SVDs for mixed-sign kernels and was run only for the "
            "initialisation of ti (and s in the full run); the Szego section shows it at tolerance 1e-5 on a small layer.", "",
