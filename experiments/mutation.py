@@ -335,6 +335,37 @@ SURVIVOR_REASONS = [
     ("lipcheck/bounds/gram_envelope.py", r"torus_symbol_norms", r"\+ err_c\) (/ \(1 \+ 2|\* \(1 \+ 3) \* u\)",
      "now killed by tests/test_gram_envelope.py::test_torus_norms_are_the_documented_certified_values (added after "
      "the seed-37 run, checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"_gram_deflated",
+     r'(None|"XXdeflated boundXX"|"DEFLATED BOUND"|"XXcirculant Gram boundXX"|"CIRCULANT GRAM BOUND")\)',
+     "equivalent: the message of a check that cannot fire (certify_d4 and certified_top refuse non-finite values, "
+     "so the roots are finite)"),
+    ("lipcheck/bounds/deflation.py", r"_gram_deflated", r"complement=None, errors",
+     "now killed by tests/test_gram_envelope.py::test_envelope_majorises_the_gram_matrix (the reported complement "
+     "bound is the returned delta; added after the seed-40 run, checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"_mm", r"gamma\(n \+ [3-9]\) \* X\.fro",
+     "loosens: a larger rounding allowance on a product's Frobenius term"),
+    ("lipcheck/bounds/deflation.py", r"_pairwise", r"x\.err \* y\.err - g \* xf",
+     "shrinks a pairwise product's rounding allowance by its gamma_n ||x||_F ||y||_F term (a few u relative): the "
+     "tests' exact values sit further below the bound than that, so no float64 input here exhibits it; not "
+     "equivalent"),
+    ("lipcheck/bounds/deflation.py", r"certify_block", r"r \* GB\.fro \+ [3-9] \* sq",
+     "loosens: a larger rounding allowance on the B-block's residual term"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"\n\+\s*\)\)$",
+     "now killed by tests/test_deflation.py::test_delta_above_the_majorant_returns_the_majorant (the envelope's "
+     "error is reported; added after the seed-40 run, checked by hand)"),
+    ("lipcheck/bounds/deflation.py", r"deflated_bound", r"from_majorant = mb\.upper <= upper",
+     "equivalent but for an exact tie, where the majorant and the deflated value are the same number"),
+    ("lipcheck/bounds/spectral.py", r"anchor_verification", r"g\(2 \* C - 4\)",
+     "shrinks a vector norm's rounding allowance by 8u relative: no float64 input here exhibits it; not "
+     "equivalent"),
+    ("lipcheck/bounds/spectral.py", r"certified_max_points", r'add_anchors\(c\[pick\]\), (None|"XX|"ANCHOR)',
+     "equivalent: the message of a check that cannot fire (NaN coefficients are refused by name before any anchor; "
+     "finite ones give finite anchor bounds)"),
+    ("lipcheck/bounds/spectral.py", r"ssog_lipschitz", r'seconds\["XXmajorantXX"\]',
+     "now killed by tests/test_deflation.py::test_ssog_lipschitz_takes_the_deflated_bound (the majorant's seconds "
+     "are reported; added after the seed-40 run, checked by hand)"),
+    ("lipcheck/bounds/spectral.py", r"top_singular_guess", r"vector_norm\(v, dim=\+1",
+     "equivalent: v is (k, n), so dim 1 is dim -1"),
     ("lipcheck/bounds/gram_envelope.py", r"circulant_gram_bound", r"q\.magnitude\(\), (None|\"CIRCULANT GRAM BOUND\"|\"XX)",
      "equivalent: the message of a check that cannot fire (certified_top has refused a failed certificate and R's "
      "error is finite, so sqrt(tau) is finite in normalised units)"),

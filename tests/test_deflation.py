@@ -183,6 +183,9 @@ def test_ssog_lipschitz_takes_the_deflated_bound():
     d = r.info["deflated"]["value"]
     assert exact * (1 - 1e-12) <= d <= exact * 1.05
     assert r.upper <= d
+    r2 = ssog_lipschitz(layer, 5, 5, deflated=False, exact_max=0, gram_max=0, resolution_free=False,
+                        probabilistic=False, majorant=True)  # the majorant's value and its seconds are reported
+    assert exact * (1 - 1e-12) <= r2.info["majorant"]["value"] and r2.seconds["majorant"] > 0
 
 
 def _exact_fro_diff(got, exact_rows):
@@ -338,6 +341,7 @@ def test_delta_above_the_majorant_returns_the_majorant(monkeypatch):
     monkeypatch.setattr(df, "token_blocks", lambda *a, **k: pytest.fail("blocks built"))
     b = df.deflated_bound(p, 5, 5, k=3, envelope=(TN, err, low))
     assert b.upper == low.upper and "skipped" in b.info and b.k == 3 and math.isnan(b.eps)
+    assert b.info["errors"]["delta_envelope"] == err  # the envelope's stored error, reported as used
 
 
 @pytest.mark.parametrize("h,k", [(1, 3), (3, 4)])
