@@ -167,9 +167,9 @@ def test_torus_norms_are_the_documented_certified_values():
             assert float(f[a, b]) == want and float(f[(-a) % 5, (-b) % 7]) == want
             if ab not in top and n < 18 and budget is None:  # stopped by the rule, not the budget
                 assert g[ab] ** 2 <= theta * best ** 2
-        if theta > 0 and n < 18:  # the rule stops at the first chunk whose largest g falls below it
-            assert g[by_g[n - chunk if n % chunk == 0 else n - n % chunk]] ** 2 > theta * max(
-                [certified[ab] for ab in by_g[:(n - 1) // chunk * chunk]] or [0.0]) ** 2
+        if theta > 0 and n < 18:  # the last chunk certified began above the rule; the next one below it
+            start = (n - 1) // chunk * chunk
+            assert g[by_g[start]] ** 2 > theta * max([certified[ab] for ab in by_g[:start]] or [0.0]) ** 2
 
 
 def test_envelope_coefficients_and_their_error_against_long_double():

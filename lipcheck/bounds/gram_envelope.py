@@ -53,7 +53,7 @@ class GramEnvelope:
     err: float
     f: torch.Tensor
     seconds: float
-    norms: int = 0  # C x C norms certified (the rest of f is the cheap bound)
+    norms: int  # C x C norms certified (the rest of f is the cheap bound)
 
 
 def affordable(H: int, W: int) -> bool:
