@@ -663,7 +663,10 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            + (" with bfloat16 autocast" if args.bf16 else "") + f", batch size {args.batch_size} and a throughput batch "
            f"per row. Every row ran in its own process; the benchmark took {elapsed / 60:.1f} min. {load_note} "
            "Timings on a CPU shared with other work are noisy: within a row the mixers were timed alternately "
-           "(SSoG, attention, SSoG, ...) in one process, so a slow spell lands on both, and ratios are of medians. Peak memory is what the measured step adds: on CPU the peak resident "
+           "(SSoG, attention, SSoG, ...) in one process, so a slow spell lands on both, and ratios are of medians; a timed "
+           f"sample is one step, or, for steps shorter than {bench.MIN_BLOCK_S * 1e3:.0f} ms, the mean of as many consecutive "
+           "steps as run in that time after the warm-up (counted by running them: `bench.steps_per_block`), so that a step of half a "
+           "millisecond is not timed with the caches the other model's step left behind. Peak memory is what the measured step adds: on CPU the peak resident "
            "size during the step minus the resident size just before it (model and input already in place); "
            "on CUDA `max_memory_allocated` after a reset. The CUDA path (CUDA events, `max_memory_allocated`, "
            "bf16 autocast) is written but was not run for this report unless the device above says cuda.", "",

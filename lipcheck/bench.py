@@ -9,7 +9,8 @@ Two halves:
   is measured under the same machine load, then takes one memory step each (and, for a fixed-step ODE
   row in inference, times the solver's own work: `solver_seconds`). A configuration may ask
   for torch's default thread count (threads = 0) and for a competing busy process (busy = true). A step is one forward (inference) or forward + backward + SGD update
-  (training). After warm-up, every repeat is timed (CUDA events on GPU). Peak memory is what a
+  (training). After warm-up, every repeat is timed (CUDA events on GPU); in `measure_row` a repeat of a
+  step shorter than MIN_BLOCK_S is a block of consecutive steps (`steps_per_block`), timed as their mean. Peak memory is what a
   step adds: on GPU `torch.cuda.max_memory_allocated` after a reset minus the allocation before,
   read from the timed steps; on CPU the OS's peak resident size during one extra step minus the
   resident size just before it (peak reset through /proc/self/clear_refs, or a sampling thread
@@ -192,6 +193,31 @@ def timed_step(step, device: torch.device) -> tuple[float, int]:
     dt = time.perf_counter() - t0
     peak = sampler.stop() if sampler else _proc_status_kb("VmHWM") * 1024
     return dt, max(0, peak - before)
+
+
+MIN_BLOCK_S = 0.02
+
+
+def steps_per_block(step, step_s: float, sync=lambda: None, min_block_s: float = MIN_BLOCK_S) -> int:
+    """Consecutive steps timed as one sample (their mean): as many as run in `min_block_s`, counted by running
+    them (untimed) after a warm-up step that took `step_s`; 1 when that step took `min_block_s` or longer.
+
+    Mixers are timed alternately so that a slow spell lands on all of them; a step of half a
+    millisecond timed alone right after another model's step measures that model's cache footprint
+    (the first layer's weights and the input reloaded from L3 or memory) and the timer as much as its
+    own work, and repeated use of one model, which is what throughput means, keeps them warm. The count
+    comes from steady steps, not from the first step of a process (which builds kernels and faults in
+    buffers and can take ten times as long)."""
+    if not step_s < min_block_s:  # NaN included
+        return 1
+    n, t0 = 0, time.perf_counter()
+    while n < 1000:
+        step()
+        sync()
+        n += 1
+        if time.perf_counter() - t0 >= min_block_s:
+            break
+    return n
 
 
 def summarize(times: list[float]) -> dict:
@@ -443,23 +469,33 @@ def measure_row(cfg: dict) -> dict:
         except Exception as e:  # noqa: BLE001 - one mixer failing must not stop the row
             res[m].update(_failure(e))
 
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def rotate(batch_key, warmup, repeats):
-        times = {m: [] for m in live}
+        times, block = {m: [] for m in live}, {m: 1 for m in live}
         for rep in range(warmup + repeats):
             for m in list(live):
                 L = live[m]
+                n = block[m] if rep >= warmup else 1
                 try:
                     t0 = time.perf_counter()
-                    L["step"](L[batch_key[0]], L[batch_key[1]])
+                    for _ in range(n):
+                        L["step"](L[batch_key[0]], L[batch_key[1]])
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                    dt = time.perf_counter() - t0
+                    dt = (time.perf_counter() - t0) / n
                 except Exception as e:  # noqa: BLE001
                     res[m].update(_failure(e))
                     del live[m]
                     continue
                 if rep >= warmup:
                     times[m].append(dt)
+                elif rep == warmup - 1:  # after the last untimed step: size the blocks
+                    block[m] = steps_per_block(lambda: L["step"](L[batch_key[0]], L[batch_key[1]]), dt, sync)
+        for m in times:
+            res[m].setdefault("block_steps", {})[batch_key[0]] = block[m]
         return times
 
     times = rotate(("x", "labels"), int(cfg.get("warmup", 1)), int(cfg.get("repeats", 3)))

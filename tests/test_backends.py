@@ -37,7 +37,7 @@ def grads(fn, v, alpha, mu, sigma, R):
 
 @settings(deadline=None, max_examples=12)
 @given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
-       B=st.integers(1, 2), seed=st.integers(0, 2**31 - 1))
+       B=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
 def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
     g = torch.Generator().manual_seed(seed)
     alpha, mu, sigma = random_params(g, h, M)
@@ -46,18 +46,22 @@ def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
     ref = dense_mix(v, alpha, mu, sigma)
     ref_grads = grads(dense_mix, v, alpha, mu, sigma, R)
     scale = max(1.0, float(ref.abs().max()))
-    fuse = ssog.FUSE_HEADS_TOKENS
+    fuse, chunk = ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES
+    per_element = H * W * M * d * v.element_size()  # bytes of one batch element's intermediate, per head
+    # the stacked backend per head (whole batch, chunks of one and of two batch elements) and all heads in one call
+    variants = [(n, fuse, chunk) for n in BACKENDS] + [("stacked", 0, 10**12), ("stacked", 0, 1),
+                                                        ("stacked", 0, 2 * per_element), ("stacked", 10**9, chunk)]
     try:
-        for name, fuse_tokens in [(n, fuse) for n in BACKENDS] + [("stacked", 0), ("stacked", 10**9)]:
-            ssog.FUSE_HEADS_TOKENS = fuse_tokens  # the stacked backend per head and with all heads in one call
+        for name, fuse_tokens, chunk_bytes in variants:
+            ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES = fuse_tokens, chunk_bytes
             fn = lambda *a, name=name: ssog_mix(*a, backend=name)
             out = fn(v, alpha, mu, sigma)
             assert out.shape == ref.shape
-            assert (out - ref).abs().max() <= TOL * scale, (name, fuse_tokens)
+            assert (out - ref).abs().max() <= TOL * scale, (name, fuse_tokens, chunk_bytes)
             for which, gb, gr in zip(("x", "alpha", "mu", "sigma"), grads(fn, v, alpha, mu, sigma, R), ref_grads):
                 assert (gb - gr).abs().max() <= TOL * max(1.0, float(gr.abs().max())), (name, which, fuse_tokens)
     finally:
-        ssog.FUSE_HEADS_TOKENS = fuse
+        ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES = fuse, chunk
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

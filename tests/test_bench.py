@@ -262,6 +262,47 @@ def test_throughput_batch_timed_as_often_as_batch_one():
     assert all(c.get("throughput_repeats", 4) == 4 and c.get("throughput_warmup", 0) == 0 for c in explicit)
 
 
+def test_short_steps_are_timed_in_blocks(monkeypatch):
+    """A sample is the mean of as many consecutive steps as run in MIN_BLOCK_S after the warm-up (counted by running
+    them); steps that long or longer (and rows without an untimed step) are timed one by one."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock["t"])
+
+    def ticking(dt):
+        def step():
+            clock["t"] += dt
+        return step
+    assert bench.steps_per_block(ticking(0.001), 0.5, min_block_s=0.02) == 1  # a slow first step: timed alone
+    assert bench.steps_per_block(ticking(0.001), 0.005, min_block_s=0.02) == 20  # steady steps are counted
+    assert bench.steps_per_block(ticking(0.0015), 0.005, min_block_s=0.02) == 14
+    assert bench.steps_per_block(ticking(1e-9), 0.0, min_block_s=0.02) == 1000  # capped
+    assert bench.steps_per_block(ticking(0.001), float("nan"), min_block_s=0.02) == 1
+    calls = {"ssog": 0, "sdpa": 0}
+    cost = {"ssog": 0.004, "sdpa": 0.025}  # seconds per step, on a fake clock
+    real_make_step = bench.make_step
+
+    def counting_step(module, mode, device, bf16=False):
+        name = "ssog" if type(module).__name__ == "SSoG" else "sdpa"
+        inner = real_make_step(module, mode, device, bf16)
+
+        def step(x, labels):
+            calls[name] += 1
+            clock["t"] += cost[name]
+            return inner(x, labels)
+        return step
+
+    monkeypatch.setattr(bench, "make_step", counting_step)
+    cfg = dict(kind="mixer", mixers=["ssog", "sdpa"], mode="inference", grid=4, dim=8, num_heads=2,
+               num_components=2, warmup=1, repeats=3, threads=1)
+    row = bench.measure_row(cfg)
+    res = {r["config"]["mixer"]: r for r in row["results"]}
+    assert res["ssog"]["block_steps"] == {"x": 5} and res["sdpa"]["block_steps"] == {"x": 1}
+    # warm-up, the count of a block (ssog only), the timed blocks, the memory step
+    assert calls["ssog"] == 1 + 5 + 3 * 5 + 1 and calls["sdpa"] == 1 + 3 + 1
+    assert res["ssog"]["times_s"] == pytest.approx([0.004] * 3) and res["sdpa"]["times_s"] == pytest.approx([0.025] * 3)
+    assert res["ssog"]["images_per_s"] == pytest.approx(250.0)
+
+
 def test_quick_benchmark_rows_present_and_outputs_correct(tmp_path):
     """The quick benchmark, narrowed to ti/discrete and one repeat: every planned row is present and ran,
     at batch 1 and at the throughput batch, under each load; every model output checked in float64

@@ -284,11 +284,12 @@ def test_gradcheck_through_the_cached_module(backend):
 
 def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch):
     """With recorded times the policy picks the faster thread count and runs `burst` calls of the other one
-    every probe_every calls; the first call after a change of thread count is never timed; with one thread
-    available it never changes anything."""
+    at probes whose period doubles (up to max_period) each time a probe confirms the choice and falls back
+    to probe_every when the choice changes; the first call after a change of thread count is never timed;
+    a setting that slows down loses without a probe; with one thread available nothing changes."""
     from lipcheck.mixers.ssog import ThreadPolicy
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    pol = ThreadPolicy(probe_every=5, burst=2)
+    pol = ThreadPolicy(probe_every=5, burst=2, max_period=20)
     key = ("grid",)
 
     def call(seconds_at):  # one forward: choose, then record the time the setting takes
@@ -306,14 +307,23 @@ def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch)
     assert pol.stats[key, 4][4] is None
     assert call({4: 0.9, 1: 0.3}) == 4
     assert pol.stats[key, 4][4] == 0.9
-    picks = [call({4: 0.9, 1: 0.3}) for _ in range(10)]  # calls 5..14: bursts of 4 at calls 5, 6 and 10, 11
-    assert picks == [4, 4, 1, 1, 1, 4, 4, 1, 1, 1]
-    assert pol.stats[key, 4][4] == 0.9  # each burst's first call untimed, its second timed at 0.9
-    # the machine gets quiet: 4 threads become faster than one; two bursts (one timed call each) suffice
-    later = [call({4: 0.05, 1: 0.3}) for _ in range(10)]
-    assert later[-3:] == [4, 4, 4] and pol.stats[key, 4][4] < 0.3
+    # calls 5..70: one thread chosen at call 5; probes (two calls at 4 threads) at 10, then after periods
+    # 10, 20, 20 (the cap): at calls 22, 44, 66
+    picks = [call({4: 0.9, 1: 0.3}) for _ in range(5, 71)]
+    probes = [c for c, k in zip(range(5, 71), picks) if k == 4]
+    assert probes == [10, 11, 22, 23, 44, 45, 66, 67]
+    assert pol.stats[key, 4][4] == 0.9 and pol.stats[key, 4]["period"] == 20
+    # the machine gets quiet: 4 threads take 0.05. The probe at 88, 89 brings their average to 0.475 (> 0.3),
+    # the next one (110, 111) to 0.2625: from call 112 on 4 threads, probing one thread at the base period (117)
+    picks = [call({4: 0.05, 1: 0.3}) for _ in range(71, 121)]
+    assert [c for c, k in zip(range(71, 121), picks) if k == 4] == [88, 89, 110, 111, 112, 113, 114, 115, 116, 119, 120]
+    assert pol.stats[key, 4]["period"] == 10
+    # the machine gets busy: 4 threads take 2.0; their own average passes one thread's 0.3 with no probe
+    assert [call({4: 2.0, 1: 0.3}) for _ in range(121, 124)] == [4, 1, 1]
     with pytest.raises(ValueError, match="burst"):
         ThreadPolicy(probe_every=3, burst=3)
+    with pytest.raises(ValueError, match="max_period"):
+        ThreadPolicy(probe_every=64, max_period=32)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert ThreadPolicy().choose(key) == 1
 
