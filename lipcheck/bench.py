@@ -483,8 +483,7 @@ def measure_row(cfg: dict) -> dict:
                     t0 = time.perf_counter()
                     for _ in range(n):
                         L["step"](L[batch_key[0]], L[batch_key[1]])
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
+                    sync()
                     dt = (time.perf_counter() - t0) / n
                 except Exception as e:  # noqa: BLE001
                     res[m].update(_failure(e))

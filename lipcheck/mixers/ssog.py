@@ -149,11 +149,9 @@ def _apply_stacked(v, GW, GH):
         out = torch.stack([_stacked_head(a, g, k, B) for a, g, k in zip(vh.unbind(0), GW.unbind(0), GH.unbind(0))])
         return out.view(h, B, H, W, d).permute(1, 2, 3, 0, 4)
     # Batch chunks whose intermediate T stays in cache between the two axis products (measured at 14 x 14,
-    # C = 192, batch 32, one thread: 1.3x faster mixing than whole-batch products).
+    # C = 192, batch 32, one thread: the axis products 1.3x faster, the whole mixer 5 %); the output is
+    # written per chunk and head, the copy a stack of the heads would make anyway.
     b = max(1, STACKED_CHUNK_BYTES // (H * W * M * d * v.element_size()))
-    if b >= B:
-        outs = [_stacked_head(v[:, :, :, i, :].reshape(B * H, W, d), GW[i], GH[i], B).view(B, H, W, d) for i in range(h)]
-        return torch.stack(outs, 3)
     out = v.new_empty(B, H, W, h, d)
     for s in range(0, B, b):
         n = min(b, B - s)
@@ -389,8 +387,8 @@ class ThreadPolicy:
     A call is a handful of parallel regions (the projections, the axis products). On a machine whose other
     cores are busy, every region waits for its slowest thread, which the scheduler may have parked
     for a whole time slice: more threads can then be many times slower than one. The policy times
-    the mixing under both settings and uses the faster; every `probe_every` calls it runs `burst` calls
-    of the other setting. The first call after any change of the thread count is never timed: it wakes
+    the mixing under both settings and uses the faster; now and then (a probe, see below) it runs `burst`
+    calls of the other setting. The first call after any change of the thread count is never timed: it wakes
     the parked threads (or parks them) and meets cold caches, tens of microseconds that once made a
     0.2 ms call look slower at two threads than at one, so that a probe of torch's count after a stretch
     of one-thread calls never won it back. Before its first choice it times each setting `burst - 1` times,
