@@ -304,12 +304,12 @@ def test_short_steps_are_timed_in_blocks(monkeypatch):
 
 
 def test_quick_benchmark_rows_present_and_outputs_correct(tmp_path):
-    """The quick benchmark, narrowed to ti/discrete and one repeat: every planned row is present and ran,
-    at batch 1 and at the throughput batch, under each load; every model output checked in float64
-    against the reference paths agrees. Timings and targets are the report's business, not this test's."""
+    """The quick benchmark, narrowed to ti/discrete, one repeat and one warm-up step: every planned row is
+    present and ran, at batch 1 and at the throughput batch, under each load; every model output checked in
+    float64 against the reference paths agrees. Timings and targets are the report's business, not this test's."""
     import json
     out = tmp_path / "q.json"
-    throughput.main(["--quick", "--widths", "ti", "--variants", "discrete", "--repeats", "1",
+    throughput.main(["--quick", "--widths", "ti", "--variants", "discrete", "--repeats", "1", "--warmup", "1",
                      "--throughput-batch", "2", "--docs", str(tmp_path), "--json", str(out)])
     data = json.loads(out.read_text())
     loads = set(throughput.LOADS)
