@@ -56,7 +56,7 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             throughput_batch={224: 16, 384: 8, 512: 4, 768: 1, 1024: 1}, train_throughput_batch={224: 4},
             load_rows=[(224, "ti", "discrete"), (224, "s", "discrete")],
             target_grids=[14, 28, 64], target_dims=[(192, 3), (384, 6)],
-            target_batch={14: 32, 28: 8, 64: 2}, target_repeats={14: 9, 28: 7, 64: 5})
+            target_batch={14: 32, 28: 8, 64: 2}, target_repeats={14: 21, 28: 15, 64: 5})
 QUICK = dict(resolutions=[224], widths=["ti", "s"], variants=list(VARIANTS),
              train_upto={"discrete": {"ti": 224}}, train_resolutions=[224],
              variant_resolutions={}, math_rows=[], dopri5_resolutions=[], dopri5_widths=[],
@@ -96,7 +96,7 @@ def parse(argv):
                    help="CPU threads per configuration (default 1 on CPU: on a shared machine OpenMP threads "
                         "that wait on each other distort timings far more than one thread; 0 = torch's default)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats per configuration (default 5 up to 384, 3 above)")
+                   help="timed repeats per configuration (default 11 at 224, 5 up to 384, 3 above)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
     p.add_argument("--no-train", action="store_true", help="skip the training-step measurements")
     p.add_argument("--mem-limit-gb", type=float, default=8.0,
@@ -158,7 +158,8 @@ def plan(args, device: str) -> list[dict]:
             return args.repeats
         if args.quick:
             return 3
-        return 5 if res <= 384 else 3
+        # 224 carries the on-the-line targets: eleven rounds give its bootstrap intervals some resolution
+        return 11 if res <= 224 else 5 if res <= 384 else 3
 
     def warm(res):
         # Always one untimed step: under the caching allocator the first step also faults in every page
@@ -312,6 +313,9 @@ def analyse(results: list[dict]) -> dict:
         row["throughput_batch"] = s["tp_batch"] if tp_ok else None
         row["tp_speedup_vs_sdpa"] = b["tp_median_s"] / s["tp_median_s"] if tp_ok else None
         row["tp_fraction_of_mac_ratio"] = row["tp_speedup_vs_sdpa"] / mr if tp_ok and mr else None
+        rs, ra = by.get("ssog", {}), by.get("sdpa", {})
+        row["fraction_ci"] = _fraction_ci(ra.get("times_s"), rs.get("times_s"), mr) if sp else None
+        row["tp_fraction_ci"] = _fraction_ci(_tp_times(ra), _tp_times(rs), mr) if tp_ok else None
         solver = (by.get("ssog") or {}).get("solver") or {}
         row["solver_s"] = solver.get("median_s") if solver.get("status", "ok") == "ok" else None
         row["solver_nfe"] = solver.get("nfe")
@@ -322,6 +326,16 @@ def analyse(results: list[dict]) -> dict:
         row["fraction_without_solver"] = row["speedup_without_solver"] / mr if ok and mr else None
         rows.append(row)
     return {"rows": rows}
+
+
+def _tp_times(r: dict) -> list[float] | None:
+    return (r.get("throughput") or {}).get("times_s")
+
+
+def _fraction_ci(base_times, ssog_times, mac_ratio) -> list[float] | None:
+    """95 % interval of (speed-up over the base / MAC ratio) from a row's interleaved samples (bench.ratio_interval)."""
+    iv = bench.ratio_interval(base_times or [], ssog_times or []) if mac_ratio else None
+    return [iv[0] / mac_ratio, iv[1] / mac_ratio] if iv else None
 
 
 def target_rows(results: list[dict]) -> list[dict]:
@@ -341,16 +355,17 @@ def target_rows(results: list[dict]) -> list[dict]:
         row = dict(grid=g, dim=dim, heads=heads, load=load, mac_ratio=mr, status=(s.get("status"), a.get("status")),
                    check_ok=all((x.get("check") or {}).get("ok", True) for x in (s, a)),
                    checked=any("check" in x for x in (s, a)))
-        for tag, get in (("b1", lambda r: (r.get("median_s"), r["config"].get("batch_size", 1))),
+        for tag, get in (("b1", lambda r: (r.get("median_s"), r["config"].get("batch_size", 1), r.get("times_s"))),
                          ("tp", lambda r: ((r.get("throughput") or {}).get("median_s"),
-                                           (r.get("throughput") or {}).get("batch")))):
-            ts, B = get(s) if ok else (None, None)
-            ta, _ = get(a) if ok else (None, None)
+                                           (r.get("throughput") or {}).get("batch"), _tp_times(r)))):
+            ts, B, samples_s = get(s) if ok else (None, None, None)
+            ta, _, samples_a = get(a) if ok else (None, None, None)
             row[f"{tag}_batch"] = B
             row[f"{tag}_ssog_ms"] = ts * 1e3 if ts else None
             row[f"{tag}_sdpa_ms"] = ta * 1e3 if ta else None
             row[f"{tag}_speedup"] = ta / ts if ts and ta else None
             row[f"{tag}_fraction"] = row[f"{tag}_speedup"] / mr if row[f"{tag}_speedup"] else None
+            row[f"{tag}_fraction_ci"] = _fraction_ci(samples_a, samples_s, mr) if row[f"{tag}_speedup"] else None
         rows.append(row)
     return rows
 
@@ -407,6 +422,25 @@ def _f(x, scale=1.0):
     return "-" if x is None else f"{x * scale:.3g}"
 
 
+def _fci(x, ci):
+    """A fraction with its 95 % interval: 0.91 [0.87, 0.93]."""
+    return _f(x) if x is None or not ci else f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _interval_note(items, target: float, label) -> tuple[str, dict]:
+    """How many of the (value, interval, item) that meet `target` keep their whole 95 % interval at or above it, and
+    which are on the line (the point meets it, the interval reaches below)."""
+    met = [(v, ci, it) for v, ci, it in items if v >= target]
+    line = [(v, ci, it) for v, ci, it in met if ci and ci[0] < target]
+    clear = [x for x in met if x[1] and x[1][0] >= target]
+    text = (f" Bootstrap 95 % intervals of the fraction (rounds of the interleaved samples resampled): "
+            f"{len(clear)} of the {len(met)} that meet it keep the whole interval at or above {target:g}"
+            + ("; on the line: " + "; ".join(f"{label(it)} {_fci(v, ci)}" for v, ci, it in line) if line else "")
+            + (f"; {len(met) - len(clear) - len(line)} without an interval (fewer than 3 samples)"
+               if len(met) - len(clear) - len(line) else "") + ".")
+    return text, dict(clear=len(clear), on_the_line=[dict(row=label(it), fraction=v, interval=ci) for v, ci, it in line])
+
+
 def _mem(r):
     if r["status"] == "missing":  # not planned for this row
         return "-"
@@ -451,6 +485,11 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                      + f" (lowest {must['mixer_fraction_target']['min_fraction']:.2f}). With the busy core: "
                      + f"{len(fr) - len(quiet) - len([m for m in miss if m[0]['load'] == 'default threads, busy core'])}"
                      + f" of {len(fr) - len(quiet)} at >= 0.8.")
+        note, stats = _interval_note([(t[f"{tag}_fraction"], t.get(f"{tag}_fraction_ci"), (t, tag)) for t, tag in quiet],
+                                     0.8, lambda x: f"{x[0]['grid']}x{x[0]['grid']} C={x[0]['dim']} {x[0]['load']} "
+                                                    f"batch {x[0][x[1] + '_batch']}")
+        lines[-1] += note
+        must["mixer_fraction_target"].update(stats)
         if any(t["checked"] for t in targets):
             bad = [t for t in targets if t["checked"] and not t["check_ok"]]
             lines.append("- Mixer outputs (float64, against the einsum reference path and explicit softmax): "
@@ -489,6 +528,12 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                             if not tag and r.get("fraction_without_solver") else "")
                          for r, tag in miss))
                      + f" (lowest {must['model_fraction_target']['min_fraction']:.2f}).")
+        ci = lambda r, tag: r.get("tp_fraction_ci") if tag else r.get("fraction_ci")
+        note, stats = _interval_note([(val(r, tag), ci(r, tag), (r, tag)) for r, tag in fr], 0.9,
+                                     lambda x: f"{x[0]['width']} {x[0]['resolution']} {x[0]['variant']} {x[0]['mode']} "
+                                               f"{'batch ' + str(x[0]['throughput_batch']) if x[1] else 'batch 1'}")
+        lines[-1] += note
+        must["model_fraction_target"].update(stats)
         at224 = [(r, tag) for r, tag in fr if r["resolution"] == 224]
         if at224:
             sp = lambda r, tag: r["tp_speedup_vs_sdpa"] if tag else r["speedup_vs_sdpa"]
@@ -506,11 +551,13 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                "Forward with projections, 4 components, eval, no grad; both mixers timed alternately in one process, "
                "at batch 1 and at the throughput batch (with more than one thread after eight untimed steps per batch "
                "size, in which SSoG's thread policy times both thread counts). "
-               "`frac` = measured speed-up / multiply-add ratio (target >= 0.8).",
+               "`frac` = measured speed-up / multiply-add ratio (target >= 0.8), with its bootstrap 95 % interval.",
                ""]
         trows = [[f"{t['grid']}x{t['grid']}", t["dim"], t["load"], _f(t["mac_ratio"]),
-                  t["b1_batch"] or "-", _f(t["b1_ssog_ms"]), _f(t["b1_sdpa_ms"]), _f(t["b1_speedup"]), _f(t["b1_fraction"]),
-                  t["tp_batch"] or "-", _f(t["tp_ssog_ms"]), _f(t["tp_sdpa_ms"]), _f(t["tp_speedup"]), _f(t["tp_fraction"]),
+                  t["b1_batch"] or "-", _f(t["b1_ssog_ms"]), _f(t["b1_sdpa_ms"]), _f(t["b1_speedup"]),
+                  _fci(t["b1_fraction"], t.get("b1_fraction_ci")),
+                  t["tp_batch"] or "-", _f(t["tp_ssog_ms"]), _f(t["tp_sdpa_ms"]), _f(t["tp_speedup"]),
+                  _fci(t["tp_fraction"], t.get("tp_fraction_ci")),
                   "ok" if t["check_ok"] and t["checked"] else ("-" if not t["checked"] else "FAILED")]
                  for t in sorted(targets, key=lambda t: (t["grid"], t["dim"], list(LOADS).index(t["load"])
                                                           if t["load"] in LOADS else 9))]
@@ -714,7 +761,8 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
     md += ["## 2. Whole models", "",
            "Images/s and the peak memory (MB) the step adds. `x vs SDPA` is SSoG's measured speed-up over fused "
            "SDPA, `MAC ratio` the analytic multiply-add ratio with dense SSoG axis factors (counted with each "
-           "model's own NFE for the ODE), `frac` their quotient (target >= 0.9 at 1024), `mem/math` SSoG's peak over "
+           "model's own NFE for the ODE), `frac` their quotient (target >= 0.9) with its bootstrap 95 % interval "
+           "(whole rounds of the interleaved samples resampled, 4000 times: `bench.ratio_interval`), `mem/math` SSoG's peak over "
            "explicit attention's (target <= 0.4), `mem/SDPA` over fused SDPA's. ODE rk4 uses 3 steps "
            "(NFE 12 = depth, the discrete model's cost); dopri5 rtol = atol = 1e-3 with its NFE as counted. "
            "`TB` is the row's throughput batch (timed in the same process after batch 1, as many times as batch 1 "
@@ -738,8 +786,9 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
         tpi = lambda m: _f(r[m].get("tp_images_per_s")) if r.get("throughput_batch") else "-"
         table.append([r["width"], r["resolution"], r["tokens"], v, r["mode"], r.get("load", "-"), _ips(r["ssog"]),
                       _ips(r["sdpa"]), _ips(r["math"]), _f(r["speedup_vs_sdpa"]), _f(r["mac_ratio_vs_sdpa"]),
-                      _f(r["speedup_fraction_of_mac_ratio"]), r.get("throughput_batch") or "-", tpi("ssog"),
-                      tpi("sdpa"), _f(r.get("tp_speedup_vs_sdpa")), _f(r.get("tp_fraction_of_mac_ratio")),
+                      _fci(r["speedup_fraction_of_mac_ratio"], r.get("fraction_ci")), r.get("throughput_batch") or "-",
+                      tpi("ssog"), tpi("sdpa"), _f(r.get("tp_speedup_vs_sdpa")),
+                      _fci(r.get("tp_fraction_of_mac_ratio"), r.get("tp_fraction_ci")),
                       _f(r["speedup_vs_math"]), _mem(r["ssog"]),
                       _mem(r["sdpa"]), _mem(r["math"]), _f(r["memory_ratio_vs_math"]), _f(r["memory_ratio_vs_sdpa"]),
                       nfe, r["ssog"]["backend"] or "-", _check(r)])
@@ -882,6 +931,10 @@ def main(argv=None) -> int:
     device_str = st["device"]
     md, must = render(mixer_rows, mixer_md, rows, fit, device_str, args, threads or torch.get_num_threads(), elapsed,
                       targets=targets, load_note=load_note)
+    if args.rerender:  # the stamp is the measuring run's; say what made this text
+        now = report.stamp(device=device)
+        md = (f"_Re-rendered from that run's raw results (`{args.rerender}`) by `{now['command']}` at commit "
+              f"`{now['commit']}`, {now['date']}: no new measurements._\n\n" + md)
     data = dict(device=device, threads=threads, batch_size=args.batch_size, bf16=args.bf16, elapsed_s=elapsed,
                 machine_load=machine_load, mixer_targets=targets, mixer_alone=mixer_rows, rows=rows, fits=fit,
                 must_show=must, paper=PAPER, raw=results)

@@ -5,6 +5,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -247,6 +248,66 @@ def test_mixer_rounds_are_pooled():
     rows, _ = throughput.mixer_table(res)
     by = {r["mixer"]: r for r in rows}
     assert by["ssog"]["speedup_vs_sdpa"] == pytest.approx(5.0 / 2.0)
+
+
+def test_ratio_interval_resamples_whole_rounds():
+    """bench.ratio_interval: exact for constant samples, scales with the numerator, None below three samples; rounds
+    are resampled together, so a machine load that moves both mixers of a round alike leaves the ratio exact (an
+    unpaired bootstrap of the same samples is wide); on independent noise the 95 % interval covers the true ratio
+    of medians in most of 400 data sets."""
+    assert bench.ratio_interval([2.0] * 7, [1.0] * 7) == pytest.approx((2.0, 2.0))
+    assert bench.ratio_interval([1.0, 2.0], [1.0, 2.0, 3.0]) is None
+    rng = np.random.default_rng(5)
+    load = rng.uniform(1.0, 3.0, 11)  # one factor per round
+    lo, hi = bench.ratio_interval(list(2 * load), list(load))
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    lo_u, hi_u = bench.ratio_interval(list(2 * load), list(load[:10]))  # unequal lengths: unpaired
+    assert lo_u < 1.8 and hi_u > 2.2
+    a, b = rng.lognormal(0.0, 0.3, 9), rng.lognormal(0.0, 0.3, 9)
+    base = bench.ratio_interval(list(a), list(b))
+    assert bench.ratio_interval(list(3 * a), list(b)) == pytest.approx(tuple(3 * x for x in base))
+    assert base[0] <= np.median(a) / np.median(b) <= base[1]
+    # coverage: true medians 1.5 and 1 (lognormal median = exp(mu)); nominal 95 %, the percentile bootstrap of a
+    # median from 15 samples covers somewhat less
+    covered = sum(lo <= 1.5 <= hi for lo, hi in (
+        bench.ratio_interval(list(1.5 * rng.lognormal(0.0, 0.2, 15)), list(rng.lognormal(0.0, 0.2, 15)), seed=k)
+        for k in range(400)))
+    assert 0.85 * 400 <= covered <= 400
+
+
+def test_report_intervals_and_the_rows_on_the_line():
+    """The fractions' intervals in the model rows and the mixer targets come from the timed samples (constant
+    samples: the interval is the point), and the targets section names a row whose interval reaches below 0.9."""
+    mr = bench.model_macs("sdpa", 224, dim=192) / bench.model_macs("ssog", 224, dim=192)
+    rows = []
+    for mode, ratio_times in (("inference", ([1.0] * 5, [0.95 * mr] * 5)),  # 0.95 every round
+                              ("train", ([1.0, 1.0, 1.0, 1.0, 1.0], [0.8 * mr, 0.94 * mr, 0.95 * mr, 0.96 * mr, 1.1 * mr]))):
+        for mixer, times in zip(("ssog", "sdpa"), ratio_times):
+            cfg = dict(kind="model", mixer=mixer, mode=mode, width="ti", resolution=224, variant="discrete", batch_size=1)
+            r = _fake(cfg, float(np.median(times)), 1e6)
+            r["times_s"] = times
+            r["throughput"] = dict(batch=4, median_s=4 * r["median_s"], times_s=[4 * t for t in times])
+            rows.append(r)
+    table = {r["mode"]: r for r in throughput.analyse(rows)["rows"]}
+    assert table["inference"]["speedup_fraction_of_mac_ratio"] == pytest.approx(0.95)
+    assert table["inference"]["fraction_ci"] == pytest.approx([0.95, 0.95])
+    assert table["inference"]["tp_fraction_ci"] == pytest.approx([0.95, 0.95])
+    lo, hi = table["train"]["fraction_ci"]
+    assert table["train"]["speedup_fraction_of_mac_ratio"] == pytest.approx(0.95)
+    assert lo < 0.9 and hi > 0.95
+    md, must = throughput.render([], "", list(table.values()), throughput.fits(list(table.values())), "cpu: test",
+                                 throughput.parse(["--quick"]), 1, 60.0)
+    stats = must["model_fraction_target"]
+    assert stats["rows"] == 4 and stats["missed"] == 0 and stats["clear"] == 2
+    assert [x["row"] for x in stats["on_the_line"]] == ["ti 224 discrete train batch 1", "ti 224 discrete train batch 4"]
+    assert "on the line: ti 224 discrete train batch 1 0.95 [" in md
+    targets = throughput.target_rows([
+        {"config": dict(part="mixer_target", kind="mixer", mixer=m, grid=14, dim=192, num_heads=3, threads=1,
+                        batch_size=1), "status": "ok", "median_s": t, "times_s": [t] * 4,
+         "throughput": dict(batch=8, median_s=8 * t, times_s=[8 * t] * 4)} for m, t in (("ssog", 1.0), ("sdpa", 2.0))])
+    frac = 2.0 / (bench.mixer_macs("sdpa", 14, 14, 192) / bench.mixer_macs("ssog", 14, 14, 192))
+    assert targets[0]["b1_fraction_ci"] == pytest.approx([frac, frac])
+    assert targets[0]["tp_fraction_ci"] == pytest.approx([frac, frac])
 
 
 def test_throughput_batch_timed_as_often_as_batch_one():
