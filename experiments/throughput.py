@@ -96,7 +96,8 @@ def parse(argv):
                    help="CPU threads per configuration (default 1 on CPU: on a shared machine OpenMP threads "
                         "that wait on each other distort timings far more than one thread; 0 = torch's default)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats per configuration (default 11 at 224, 5 up to 384, 3 above)")
+                   help="timed repeats per configuration (default at batch 1: 31 at 224, 11 up to 768, 3 above; "
+                        "at the throughput batch: 11 at 224, 5 up to 384, 3 above)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
     p.add_argument("--no-train", action="store_true", help="skip the training-step measurements")
     p.add_argument("--mem-limit-gb", type=float, default=8.0,
@@ -160,6 +161,13 @@ def plan(args, device: str) -> list[dict]:
             return 3
         # 224 carries the on-the-line targets: eleven rounds give its bootstrap intervals some resolution
         return 11 if res <= 224 else 5 if res <= 384 else 3
+
+    def reps_b1(res, mode):
+        # Batch-1 steps below 1024 take well under a second (training at 512-768: 1-3 s), so more rounds cost
+        # a minute or two in all and narrow the intervals where the targets are closest
+        if args.repeats or args.quick or res > 768 or (mode == "train" and res > 512):
+            return reps(res)
+        return 31 if res <= 224 else 11
 
     def warm(res):
         # Always one untimed step: under the caching allocator the first step also faults in every page
@@ -231,7 +239,7 @@ def plan(args, device: str) -> list[dict]:
                         for load in row_loads:
                             cfg = dict(common, **load, part="model", kind="model", mixers=mixers, mode=mode,
                                        width=width, resolution=res, variant=variant, ssog_backend=args.ssog_backend,
-                                       repeats=reps(res), throughput_repeats=reps(res), **warm_load(load, warm(res)),
+                                       repeats=reps_b1(res, mode), throughput_repeats=reps(res), **warm_load(load, warm(res)),
                                        throughput_batch=tbatch(res, mode),
                                        check=mode == "inference" and res <= 384 and load == dict(threads=threads))
                             if method:
@@ -316,6 +324,7 @@ def analyse(results: list[dict]) -> dict:
         rs, ra = by.get("ssog", {}), by.get("sdpa", {})
         row["fraction_ci"] = _fraction_ci(ra.get("times_s"), rs.get("times_s"), mr) if sp else None
         row["tp_fraction_ci"] = _fraction_ci(_tp_times(ra), _tp_times(rs), mr) if tp_ok else None
+        row["rounds"] = [len(rs.get("times_s") or []), len(_tp_times(rs) or [])]  # timed samples per mixer
         solver = (by.get("ssog") or {}).get("solver") or {}
         row["solver_s"] = solver.get("median_s") if solver.get("status", "ok") == "ok" else None
         row["solver_nfe"] = solver.get("nfe")
@@ -765,8 +774,8 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "(whole rounds of the interleaved samples resampled, 4000 times: `bench.ratio_interval`), `mem/math` SSoG's peak over "
            "explicit attention's (target <= 0.4), `mem/SDPA` over fused SDPA's. ODE rk4 uses 3 steps "
            "(NFE 12 = depth, the discrete model's cost); dopri5 rtol = atol = 1e-3 with its NFE as counted. "
-           "`TB` is the row's throughput batch (timed in the same process after batch 1, as many times as batch 1 "
-           "after at least two untimed steps; `@TB` columns), "
+           "`TB` is the row's throughput batch (timed in the same process after batch 1, after at least two untimed "
+           "steps; `@TB` columns), `rounds` the timed samples per mixer at batch 1 / at TB, "
            "`load` the thread setting (`1 thread` pinned; `default threads` torch's count; `busy core` with a "
            "spinning competing process started by the benchmark; rows with more than one thread start each batch "
            "size with eight untimed steps, in which SSoG's thread policy times both thread counts), "
@@ -777,7 +786,7 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "at 224 and 1024, the ODE at 224, 512 and 1024, explicit attention at 1024 (discrete ti), "
            "dopri5 at 224; rows missing below were not planned, rows marked SKIPPED ran out of the time budget.", ""]
     header = ["width", "res", "N", "variant", "mode", "load", "SSoG img/s", "SDPA img/s", "math img/s", "x vs SDPA",
-              "MAC ratio", "frac", "TB", "SSoG img/s @TB", "SDPA img/s @TB", "x vs SDPA @TB", "frac @TB",
+              "MAC ratio", "frac", "rounds", "TB", "SSoG img/s @TB", "SDPA img/s @TB", "x vs SDPA @TB", "frac @TB",
               "x vs math", "SSoG MB", "SDPA MB", "math MB", "mem/math", "mem/SDPA", "NFE s/a", "SSoG backend", "output check"]
     table = []
     for r in rows:
@@ -786,7 +795,8 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
         tpi = lambda m: _f(r[m].get("tp_images_per_s")) if r.get("throughput_batch") else "-"
         table.append([r["width"], r["resolution"], r["tokens"], v, r["mode"], r.get("load", "-"), _ips(r["ssog"]),
                       _ips(r["sdpa"]), _ips(r["math"]), _f(r["speedup_vs_sdpa"]), _f(r["mac_ratio_vs_sdpa"]),
-                      _fci(r["speedup_fraction_of_mac_ratio"], r.get("fraction_ci")), r.get("throughput_batch") or "-",
+                      _fci(r["speedup_fraction_of_mac_ratio"], r.get("fraction_ci")),
+                      "/".join(str(n) for n in r["rounds"] if n) if r.get("rounds") else "-", r.get("throughput_batch") or "-",
                       tpi("ssog"), tpi("sdpa"), _f(r.get("tp_speedup_vs_sdpa")),
                       _fci(r.get("tp_fraction_of_mac_ratio"), r.get("tp_fraction_ci")),
                       _f(r["speedup_vs_math"]), _mem(r["ssog"]),

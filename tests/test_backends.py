@@ -64,6 +64,67 @@ def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
         ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES = fuse, chunk
 
 
+@settings(deadline=None, max_examples=12)
+@given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
+       B=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
+def test_stacked_transposed_layout_equals_dense(H, W, h, M, d, B, seed):
+    """The x-outermost layout of the stacked products (inference with several threads, mid-sized problems)
+    equals the dense operator, and `_apply_stacked` takes it exactly there: no autograd, more than one
+    thread, FUSE_HEADS_TOKENS < B H W <= TRANSPOSED_MAX_TOKENS."""
+    g = torch.Generator().manual_seed(seed)
+    alpha, mu, sigma = random_params(g, h, M)
+    v = torch.randn(B, H, W, h, d, dtype=F64, generator=g)
+    ref = dense_mix(v, alpha, mu, sigma)
+    GW, GH = ssog._prepare_stacked(H, W, alpha, mu, sigma, *ssog._axis_taps(H, W, mu, sigma))
+    scale = max(1.0, float(ref.abs().max()))
+    for _ in range(2):  # the second call reads the reordered factors kept on GW
+        assert (ssog._stacked_transposed(v, GW, GH) - ref).abs().max() <= TOL * scale
+    # the same GW with another GH (alpha doubled) must not be served the reordered factors of the first
+    assert (ssog._stacked_transposed(v, GW, 2 * GH) - 2 * ref).abs().max() <= 2 * TOL * scale
+    taken, n = [], B * H * W
+    saved = ssog._stacked_transposed, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, torch.get_num_threads()
+    ssog._stacked_transposed = lambda *a: taken.append(1) or saved[0](*a)
+    ssog.FUSE_HEADS_TOKENS = n - 1
+    try:
+        for threads, limit, grad, expect in [(2, n, False, 1), (1, n, False, 0), (2, n - 1, False, 0), (2, n, True, 0)]:
+            torch.set_num_threads(threads)
+            ssog.TRANSPOSED_MAX_TOKENS = limit
+            taken.clear()
+            out = ssog._apply_stacked(v.clone().requires_grad_(grad), GW, GH)
+            assert len(taken) == expect, (threads, limit, grad)
+            assert (out - ref).abs().max() <= TOL * scale
+    finally:
+        ssog._stacked_transposed, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS = saved[:3]
+        torch.set_num_threads(saved[3])
+
+
+def test_transposed_layout_factors_follow_the_kernels():
+    """A module in inference on the transposed layout (two threads, 3 x 5 grid at batch 2): equal to its
+    dense operator before and after its kernels change in place and through set_gaussian_params."""
+    torch.manual_seed(0)
+    layer = SSoG(6, 2, 2, backend="stacked", dtype=F64).eval()
+    layer.thread_policy = None
+    x = torch.randn(2, 3, 5, 6, dtype=F64)
+    threads, fuse = torch.get_num_threads(), ssog.FUSE_HEADS_TOKENS
+    try:
+        torch.set_num_threads(2)
+        ssog.FUSE_HEADS_TOKENS = 0
+        for change in (None, "in place", "setter"):
+            with torch.no_grad():
+                if change == "in place":
+                    layer.mu.add_(0.37)
+                elif change == "setter":
+                    layer.set_gaussian_params(sigma=torch.full((2, 2, 2), 1.7, dtype=F64))
+                K, P = layer.operator_matrix(3, 5), layer.head_projections()
+                ref = torch.einsum("hnk,bkc,hcf->bnf", K, x.reshape(2, 15, 6), P) + layer.o_proj.bias
+                for _ in range(2):
+                    out = layer(x).reshape(2, 15, 6)
+                    assert (out - ref).abs().max() <= TOL * max(1.0, float(ref.abs().max())), change
+    finally:
+        torch.set_num_threads(threads)
+        ssog.FUSE_HEADS_TOKENS = fuse
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_backend_gradients_match_finite_differences(backend):
     g = torch.Generator().manual_seed(3)

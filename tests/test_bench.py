@@ -310,17 +310,27 @@ def test_report_intervals_and_the_rows_on_the_line():
     assert targets[0]["tp_fraction_ci"] == pytest.approx([frac, frac])
 
 
-def test_throughput_batch_timed_as_often_as_batch_one():
-    """Every planned row with a throughput batch times it as many times as batch 1, after at least two untimed
-    steps (with two timed steps one slow spell decided a row's ratio)."""
+def test_rounds_per_planned_row():
+    """Every planned row with a throughput batch times it at least three times after at least two untimed steps
+    (with two timed steps one slow spell decided a row's ratio), and batch 1 at least as often; below 1024 the
+    cheap batch-1 steps get more rounds (31 at 224, 11 up to 768), except training above 512; --repeats and
+    --warmup set every row."""
     args = throughput.parse([])
-    cfgs = [c for c in throughput.plan(args, "cpu") if c.get("throughput_batch", 0) > 1]
+    plan = throughput.plan(args, "cpu")
+    cfgs = [c for c in plan if c.get("throughput_batch", 0) > 1]
     assert cfgs and any(c["part"] == "mixer_target" for c in cfgs) and any(c["part"] == "model" for c in cfgs)
     for c in cfgs:
-        assert c["throughput_repeats"] == c["repeats"] >= 3, c
+        assert c["repeats"] >= c["throughput_repeats"] >= 3, c
         assert c["throughput_warmup"] >= 2, c
+    models = [c for c in plan if c["part"] == "model"]
+    for c in models:
+        res, train = c["resolution"], c["mode"] == "train"
+        want = 31 if res <= 224 else 11 if res <= 768 and not (train and res > 512) else 3 if res > 384 else 5
+        assert c["repeats"] == want, c
+    assert {c["resolution"] for c in models} >= {224, 384, 512, 768, 1024}
     explicit = throughput.plan(throughput.parse(["--repeats", "4", "--warmup", "0"]), "cpu")
-    assert all(c.get("throughput_repeats", 4) == 4 and c.get("throughput_warmup", 0) == 0 for c in explicit)
+    assert all(c.get("repeats", 4) == c.get("throughput_repeats", 4) == 4 and c.get("throughput_warmup", 0) == 0
+               for c in explicit)
 
 
 def test_short_steps_are_timed_in_blocks(monkeypatch):
