@@ -51,7 +51,7 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             train_resolutions=[224, 512, 1024],
             variant_resolutions={"looped": [224, 1024], "ode": [224, 512, 1024]},
             math_rows=[(1024, "discrete", "ti")],
-            dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=1,
+            dopri5_resolutions=[224], dopri5_widths=["ti"], mixer_grid=64, mixer_rounds=5,
             mixer_backends=list(BACKENDS),
             throughput_batch={224: 16, 384: 8, 512: 4, 768: 1, 1024: 1}, train_throughput_batch={224: 4},
             load_rows=[(224, "ti", "discrete"), (224, "s", "discrete")],

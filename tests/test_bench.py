@@ -313,7 +313,8 @@ def test_report_intervals_and_the_rows_on_the_line():
 def test_rounds_per_planned_row():
     """Every planned row with a throughput batch times it at least three times after at least two untimed steps
     (with two timed steps one slow spell decided a row's ratio), and batch 1 at least as often; below 1024 the
-    cheap batch-1 steps get more rounds (31 at 224, 11 up to 768), except training above 512; --repeats and
+    cheap batch-1 steps get more rounds (31 at 224, 11 up to 768), except training above 512; the 64x64 backend
+    table runs five interleaved rounds; --repeats and
     --warmup set every row."""
     args = throughput.parse([])
     plan = throughput.plan(args, "cpu")
@@ -322,6 +323,8 @@ def test_rounds_per_planned_row():
     for c in cfgs:
         assert c["repeats"] >= c["throughput_repeats"] >= 3, c
         assert c["throughput_warmup"] >= 2, c
+    backends = [c for c in plan if c["part"] == "mixer"]  # the 64x64 backend table: five rounds of every backend
+    assert backends and {c["round"] for c in backends} == set(range(5))
     models = [c for c in plan if c["part"] == "model"]
     for c in models:
         res, train = c["resolution"], c["mode"] == "train"
