@@ -98,6 +98,33 @@ def test_stacked_transposed_layout_equals_dense(H, W, h, M, d, B, seed):
         torch.set_num_threads(saved[3])
 
 
+def test_derived_factors_with_a_graph_are_built_afresh():
+    """Repeated and reordered forms of a factor are kept on an inference factor, but a factor with a graph (a
+    parameter-like tensor, which an optimizer step changes in place) gets new ones at every call: a kept form
+    would carry the old values."""
+    g = torch.Generator().manual_seed(5)
+    alpha, mu, sigma = random_params(g, 2, 2)
+    GW, GH = ssog._prepare_stacked(3, 4, alpha, mu, sigma, *ssog._axis_taps(3, 4, mu, sigma))
+    for G in (GW, GH):
+        G = G.clone().requires_grad_(True)
+        for _ in range(2):  # the second backward fails if the first call's form is served again
+            ssog._repeated(G, 3).square().sum().backward()
+        assert torch.allclose(G.grad, 2 * 2 * 3 * G.detach())  # d/dG sum (G repeated 3x)^2, twice
+        with torch.no_grad():
+            G.mul_(-2.0)  # an in-place update, as an optimizer step makes
+        assert torch.equal(ssog._repeated(G, 3).detach(), G.detach().repeat_interleave(3, 0))
+    GW, GH = GW.clone().requires_grad_(True), GH.clone().requires_grad_(True)
+    for _ in range(2):
+        sum(t.square().sum() for t in ssog._transposed_factors(GW, GH, 3, 4)).backward()
+    assert torch.allclose(GW.grad, 2 * 2 * GW.detach()) and torch.allclose(GH.grad, 2 * 2 * 4 * GH.detach())
+    with torch.no_grad():
+        GW.mul_(-2.0), GH.mul_(-2.0)
+    fresh = ssog._transposed_factors(GW.detach().clone(), GH.detach().clone(), 3, 4)
+    assert all(torch.equal(a.detach(), b) for a, b in zip(ssog._transposed_factors(GW, GH, 3, 4), fresh))
+    kept = GW.detach()
+    assert ssog._repeated(kept, 3) is ssog._repeated(kept, 3)  # without a graph: kept
+
+
 def test_transposed_layout_factors_follow_the_kernels():
     """A module in inference on the transposed layout (two threads, 3 x 5 grid at batch 2): equal to its
     dense operator before and after its kernels change in place and through set_gaussian_params."""

@@ -198,31 +198,31 @@ def _stacked_transposed(v, GW, GH):
 def _transposed_factors(GW: torch.Tensor, GH: torch.Tensor, H: int, W: int):
     """The stacked factors reordered for `_stacked_transposed`: GW (h, M W, W) with rows (m, j) -> rows
     (j, m); GH (h, H, H M) with columns (k, m) -> columns (m, k), repeated once per x coordinate j,
-    (h W, H, M H). Kept on GW for factors without a graph (the module's cached inference factors)."""
-    memo = GW.__dict__.get("_lipcheck_transposed")
-    if memo is not None and memo[0] is GH:
-        return memo[1]
+    (h W, H, M H)."""
     h, MW, _ = GW.shape
     M = MW // W
-    GWt = GW.view(h, M, W, W).transpose(1, 2).reshape(h, W * M, W)
-    GHt = GH.view(h, H, H, M).transpose(2, 3).reshape(h, H, M * H).repeat_interleave(W, 0)
-    if not (GW.requires_grad or GH.requires_grad):
-        GW.__dict__["_lipcheck_transposed"] = (GH, (GWt, GHt))
+    GWt = _kept(GW, "transposed", M, lambda: GW.view(h, M, W, W).transpose(1, 2).reshape(h, W * M, W))
+    GHt = _kept(GH, "transposed", (M, W), lambda: GH.view(h, H, H, M).transpose(2, 3).reshape(h, H, M * H)
+                .repeat_interleave(W, 0))
     return GWt, GHt
 
 
 def _repeated(G: torch.Tensor, r: int) -> torch.Tensor:
-    """G (h, a, b) with every head's matrix repeated r times, (h r, a, b). Factors without a graph (the module's
-    cached inference factors) keep their repetitions on the tensor object, so a forward does not copy them again."""
-    if r == 1:
-        return G
+    """G (h, a, b) with every head's matrix repeated r times, (h r, a, b)."""
+    return G if r == 1 else _kept(G, "repeated", r, lambda: G.repeat_interleave(r, 0))
+
+
+def _kept(G: torch.Tensor, name: str, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """make(), a form of G derived from G alone, kept on G's tensor object under (name, key) when G has no graph
+    (the module's cached inference factors), so that a forward does not build it again; one key per name at a
+    time (one batch size in use)."""
     if G.requires_grad:
-        return G.repeat_interleave(r, 0)
-    memo = G.__dict__.setdefault("_lipcheck_repeated", {})
-    if r not in memo:
-        memo.clear()  # one batch size at a time
-        memo[r] = G.repeat_interleave(r, 0)
-    return memo[r]
+        return make()
+    memo = G.__dict__.setdefault("_lipcheck_kept", {}).setdefault(name, {})
+    if key not in memo:
+        memo.clear()
+        memo[key] = make()
+    return memo[key]
 
 
 def _stacked_head(vs, GW, GH, B):
