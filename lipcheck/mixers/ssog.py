@@ -9,8 +9,10 @@ mixing, the output projection.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
+import statistics
 import time
 from typing import Callable
 
@@ -432,22 +434,29 @@ class ThreadPolicy:
     of one-thread calls never won it back. Before its first choice it times each setting `burst - 1` times,
     one thread first: the first calls of a process run cold (up to twice the steady time at 14 x 14), and
     such a time at torch's count once sent the policy to one thread on a quiet machine for a whole probe
-    period. Each setting's time is an exponential average (weight `decay` on the old value) per grid (not
-    a minimum: under load a lucky fast call at torch's count would win). On a quiet machine it settles on
-    torch's count; under load on one thread.
+    period. Each setting's time is the median of its last `window` timed calls per grid: not a minimum (under
+    load a lucky fast call at torch's count would win) and not an average, which one slow call (a time slice
+    lost to another process) turns over: with an exponential average (weight 0.5) 16 % of a quiet machine's
+    3000 calls at 14 x 14, C=192, batch 1 ran at one thread, each stray slow call at torch's count sending the
+    policy to one thread until the next probe; with the median of 5, 1-2 % (the initial samples and the probes).
+    A setting in use that slows down for good loses after three calls; on a quiet machine the policy settles on
+    torch's count, under load on one thread.
     A probe costs `burst` calls at the slower setting (measured: 5-11 % of a quiet machine's mixer time at
     14 x 14 and 28 x 28 with a probe every 32 calls), so each probe that confirms the choice doubles the
-    period to the next, up to `max_period`; a probe or an average that changes the choice resets it to
+    period to the next, up to `max_period`; a probe or a median that changes the choice resets it to
     `probe_every`. A machine that gets busy needs no probe to be noticed (the setting in use slows down and
-    its own average overtakes the other's); one that gets quiet again is found by the next probe.
+    its own median overtakes the other's); one that gets quiet again is found by the second probe (each adds
+    burst - 1 timed calls to the other setting's window).
     The result is the same number either way: only the thread count changes.
     """
 
-    def __init__(self, probe_every: int = 32, burst: int = 3, decay: float = 0.5, max_period: int = 1024):
+    def __init__(self, probe_every: int = 32, burst: int = 3, window: int = 5, max_period: int = 1024):
         if not 2 <= burst < probe_every <= max_period:
             raise ValueError(f"need 2 <= burst < probe_every <= max_period, got burst={burst}, "
                              f"probe_every={probe_every}, max_period={max_period}")
-        self.probe_every, self.burst, self.decay, self.max_period = probe_every, burst, decay, max_period
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.probe_every, self.burst, self.window, self.max_period = probe_every, burst, window, max_period
         self.stats: dict = {}
 
     def choose(self, key) -> int:
@@ -455,6 +464,8 @@ class ThreadPolicy:
         if n <= 1:
             return n
         st = self.stats.setdefault((key, n), {"calls": 0, "last": None, n: None, 1: None, "timed": {n: 0, 1: 0},
+                                              "recent": {n: collections.deque(maxlen=self.window),
+                                                         1: collections.deque(maxlen=self.window)},
                                               "best": None, "probe_at": 0, "period": self.probe_every})
         st["calls"] += 1
         for k in (1, n):  # the initial samples: one thread first (the coldest calls of a process fall on it,
@@ -480,9 +491,9 @@ class ThreadPolicy:
         switched, st["last"] = st["last"] != threads, threads
         if switched:  # the first call at a thread count (of the key, or after a change): not representative
             return
-        old = st[threads]
         st["timed"][threads] += 1
-        st[threads] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        st["recent"][threads].append(seconds)
+        st[threads] = statistics.median(st["recent"][threads])
 
 
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
