@@ -354,7 +354,7 @@ def test_thread_policy_times_each_setting_twice_one_thread_first(monkeypatch):
     picks, st = run({1: [9.0, 0.6, 0.5], 2: [9.0, 0.3, 0.3, 0.4, 0.3]}, 8)
     assert picks == [1, 1, 1, 2, 2, 2, 2, 2]
     assert st[1] == pytest.approx(0.55) and st[2] == pytest.approx(0.3)  # medians of (0.6, 0.5), (0.3, 0.3, 0.4, 0.3)
-    # busy: torch's count 0.1 once (a lucky call) and 1.5 next averages 0.8 > 0.5: back to one thread
+    # busy: torch's count 0.1 once (a lucky call) and 1.5 next, median (of two, the mean) 0.8 > 0.5: back to one thread
     picks, st = run({1: [9.0, 0.5, 0.5, 0.5, 0.5], 2: [9.0, 0.1, 1.5]}, 8)
     assert picks == [1, 1, 1, 2, 2, 2, 1, 1] and st[2] == pytest.approx(0.8)
 
