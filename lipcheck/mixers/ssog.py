@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import statistics
 import time
 from typing import Callable
 
@@ -220,11 +219,14 @@ def _kept(G: torch.Tensor, name: str, key, make: Callable[[], torch.Tensor]) -> 
     time (one batch size in use)."""
     if G.requires_grad:
         return make()
-    memo = G.__dict__.setdefault("_lipcheck_kept", {}).setdefault(name, {})
-    if key not in memo:
-        memo.clear()
-        memo[key] = make()
-    return memo[key]
+    kept = G.__dict__.get("_lipcheck_kept")
+    if kept is None:
+        kept = G.__dict__["_lipcheck_kept"] = {}
+    memo = kept.get(name)
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    kept[name] = (key, make())
+    return kept[name][1]
 
 
 def _stacked_head(vs, GW, GH, B):
@@ -389,6 +391,7 @@ def operator_matrices(H: int, W: int, alpha, mu, sigma) -> torch.Tensor:
 # bound once: these run on every forward (older torch: no functorch wrappers to worry about)
 _IS_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 _PEEK_STACK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+_FUNCTORCH = _IS_WRAPPED is not None and _PEEK_STACK is not None
 
 
 _HOOK_TABLES = tuple(getattr(torch.nn.modules.module, n, None) for n in (
@@ -411,14 +414,6 @@ def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
         p = mod._parameters
         return F.linear(x, p["weight"], p["bias"])
     return mod(x)
-
-
-def _functorch_wrapped(t: torch.Tensor) -> bool:
-    return _IS_WRAPPED is not None and bool(_IS_WRAPPED(t))
-
-
-def _functorch_active() -> bool:
-    return _PEEK_STACK is not None and _PEEK_STACK() is not None
 
 
 class ThreadPolicy:
@@ -463,10 +458,12 @@ class ThreadPolicy:
         n = torch.get_num_threads()
         if n <= 1:
             return n
-        st = self.stats.setdefault((key, n), {"calls": 0, "last": None, n: None, 1: None, "timed": {n: 0, 1: 0},
-                                              "recent": {n: collections.deque(maxlen=self.window),
-                                                         1: collections.deque(maxlen=self.window)},
-                                              "best": None, "probe_at": 0, "period": self.probe_every})
+        st = self.stats.get((key, n))
+        if st is None:  # (not setdefault: its default, two deques and three dicts, would be built on every call)
+            st = self.stats[key, n] = {"calls": 0, "last": None, n: None, 1: None, "timed": {n: 0, 1: 0},
+                                       "recent": {n: collections.deque(maxlen=self.window),
+                                                  1: collections.deque(maxlen=self.window)},
+                                       "best": None, "probe_at": 0, "period": self.probe_every}
         st["calls"] += 1
         for k in (1, n):  # the initial samples: one thread first (the coldest calls of a process fall on it,
             # so that on a quiet machine the policy starts on torch's count, where it stays), then torch's count
@@ -492,8 +489,16 @@ class ThreadPolicy:
         if switched:  # the first call at a thread count (of the key, or after a change): not representative
             return
         st["timed"][threads] += 1
-        st["recent"][threads].append(seconds)
-        st[threads] = statistics.median(st["recent"][threads])
+        recent = st["recent"][threads]
+        recent.append(seconds)
+        st[threads] = _median(recent)
+
+
+def _median(xs) -> float:
+    """statistics.median of a few numbers, without its type handling (a third of the policy's cost per call)."""
+    s = sorted(xs)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
 
 
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
@@ -809,7 +814,8 @@ class SSoG(nn.Module):
 
     def _cache_key(self, H: int, W: int, ps: tuple | None = None):
         ps = ps if ps is not None else self._kernel_params()
-        if _functorch_active() or any(_functorch_wrapped(p) for p in ps):
+        if _FUNCTORCH and (_PEEK_STACK() is not None or _IS_WRAPPED(ps[0]) or _IS_WRAPPED(ps[1])
+                                        or _IS_WRAPPED(ps[2])):  # spelled out: this runs on every forward
             # inside a torch.func transform (jvp, vmap, jacfwd, ...): plain autograd operations only,
             # built afresh, so the transform sees every dependence on the parameters
             return None
@@ -867,7 +873,11 @@ class SSoG(nn.Module):
 
     def _is_current(self, entry, ps: tuple | None = None) -> bool:
         ps = ps if ps is not None else self._kernel_params()
-        return entry is not None and all(a.dtype == p.dtype and torch.equal(a, p) for a, p in zip(entry["snapshot"], ps))
+        if entry is None:
+            return False
+        a, m, s = entry["snapshot"]  # equal values, not only an unchanged version: an edit through .data bumps none
+        return (a.dtype == ps[0].dtype and m.dtype == ps[1].dtype and s.dtype == ps[2].dtype
+                and torch.equal(a, ps[0]) and torch.equal(m, ps[1]) and torch.equal(s, ps[2]))
 
     def _new_entry(self, key, H, W, alpha, mu, sigma, checked: bool = False) -> dict:
         """A fresh cache entry for the current parameters: checked, backend chosen, no taps yet."""
@@ -914,7 +924,7 @@ class SSoG(nn.Module):
         if x.dim() != 4 or x.shape[-1] != self.dim:
             raise ValueError(f"SSoG expects (B, H, W, C={self.dim}), got {tuple(x.shape)}")
         policy = self.thread_policy
-        if policy is None or x.device.type != "cpu" or torch.get_num_threads() <= 1:
+        if policy is None or not x.is_cpu or torch.get_num_threads() <= 1:
             return self._mix(x)
         B, H, W, _ = x.shape
         key = (B, H, W, self.backend, x.dtype, torch.is_grad_enabled())
