@@ -1,6 +1,5 @@
 """SSoG against its dense definition sum_h K_h X P_h + b, gradients by finite differences, dense attention
 against a hand-written softmax, and the exact parameter difference between matched blocks."""
-import collections
 import math
 
 import numpy as np
@@ -281,14 +280,6 @@ def test_gradcheck_through_the_cached_module(backend):
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-7)
     assert torch.autograd.gradgradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
-
-
-@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=9))
-def test_policy_median_is_the_median(xs):
-    """The policy's own median (it skips statistics.median's type handling) equals statistics.median, odd and
-    even counts alike (a window holds 1-4 samples while it fills)."""
-    import statistics
-    assert ssog._median(collections.deque(xs)) == statistics.median(xs)
 
 
 def test_thread_policy_uses_the_faster_setting_and_probes_the_other(monkeypatch):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import statistics
 import time
 from typing import Callable
 
@@ -491,14 +492,7 @@ class ThreadPolicy:
         st["timed"][threads] += 1
         recent = st["recent"][threads]
         recent.append(seconds)
-        st[threads] = _median(recent)
-
-
-def _median(xs) -> float:
-    """statistics.median of a few numbers, without its type handling (a third of the policy's cost per call)."""
-    s = sorted(xs)
-    k = len(s) // 2
-    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+        st[threads] = statistics.median(recent)
 
 
 def _effective_sigma(sigma_raw: torch.Tensor) -> torch.Tensor:
@@ -814,8 +808,9 @@ class SSoG(nn.Module):
 
     def _cache_key(self, H: int, W: int, ps: tuple | None = None):
         ps = ps if ps is not None else self._kernel_params()
-        if _FUNCTORCH and (_PEEK_STACK() is not None or _IS_WRAPPED(ps[0]) or _IS_WRAPPED(ps[1])
-                                        or _IS_WRAPPED(ps[2])):  # spelled out: this runs on every forward
+        # spelled out (no generator): this runs on every forward
+        if _FUNCTORCH and (_PEEK_STACK() is not None
+                           or _IS_WRAPPED(ps[0]) or _IS_WRAPPED(ps[1]) or _IS_WRAPPED(ps[2])):
             # inside a torch.func transform (jvp, vmap, jacfwd, ...): plain autograd operations only,
             # built afresh, so the transform sees every dependence on the parameters
             return None
