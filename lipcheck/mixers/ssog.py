@@ -226,8 +226,9 @@ def _kept(G: torch.Tensor, name: str, key, make: Callable[[], torch.Tensor]) -> 
     memo = kept.get(name)
     if memo is not None and memo[0] == key:
         return memo[1]
-    kept[name] = (key, make())
-    return kept[name][1]
+    made = make()
+    kept[name] = (key, made)
+    return made
 
 
 def _stacked_head(vs, GW, GH, B):
