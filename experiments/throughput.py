@@ -8,7 +8,8 @@
 Every row in its own subprocess (lipcheck.bench.run_config); within a row SSoG and attention are built
 from one seed and timed alternately (lipcheck.bench.measure_row) at batch 1 and at a throughput batch:
 1a. mixer targets: SSoG (auto) against fused SDPA at 14x14, 28x28, 64x64 with C = 192 and 384, pinned
-    to one thread, with torch's default thread count, and with a busy competing process;
+    to one thread, with torch's default thread count, and with a busy competing process; three rounds of
+    each spread over the run, pooled;
 1b. the SSoG backend table at 64x64, C=384 (one configuration per mixer, fused and explicit attention);
 2. whole models, widths x variants x resolutions, inference and a training step, SSoG ("auto")
    against fused SDPA (and explicit attention where its memory is the reference); the ODE model with
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -56,14 +58,14 @@ FULL = dict(resolutions=[224, 384, 512, 768, 1024], widths=["ti", "s"], variants
             throughput_batch={224: 16, 384: 8, 512: 4, 768: 1, 1024: 1}, train_throughput_batch={224: 4},
             load_rows=[(224, "ti", "discrete"), (224, "s", "discrete")],
             target_grids=[14, 28, 64], target_dims=[(192, 3), (384, 6)],
-            target_batch={14: 32, 28: 8, 64: 2}, target_repeats={14: 21, 28: 15, 64: 5})
+            target_batch={14: 32, 28: 8, 64: 2}, target_repeats={14: 21, 28: 15, 64: 5}, target_rounds=3)
 QUICK = dict(resolutions=[224], widths=["ti", "s"], variants=list(VARIANTS),
              train_upto={"discrete": {"ti": 224}}, train_resolutions=[224],
              variant_resolutions={}, math_rows=[], dopri5_resolutions=[], dopri5_widths=[],
              mixer_grid=64, mixer_rounds=0, mixer_backends=[],
              throughput_batch={224: 8}, train_throughput_batch={},
              load_rows=[(224, "ti", "discrete")],
-             target_grids=[64], target_dims=[(384, 6)], target_batch={64: 2}, target_repeats={64: 3})
+             target_grids=[64], target_dims=[(384, 6)], target_batch={64: 2}, target_repeats={64: 3}, target_rounds=1)
 LOADS = {"1 thread": dict(threads=1), "default threads": dict(threads=0),
          "default threads, busy core": dict(threads=0, busy=True)}
 MIXER_ALONE = dict(dim=384, num_heads=6, num_components=4)
@@ -194,16 +196,20 @@ def plan(args, device: str) -> list[dict]:
 
     cfgs = []
     # 1. Mixer targets: SSoG (auto) against fused SDPA at each grid and width, batch 1 and a throughput
-    # batch, under each machine load.
-    for g in base["target_grids"]:
-        for dim, heads in base["target_dims"]:
-            for load in loads:
-                cfgs.append(dict(common, **load, part="mixer_target", kind="mixer", mixers=["ssog", "sdpa"],
-                                 mode="inference", grid=g, dim=dim, num_heads=heads, num_components=4,
-                                 ssog_backend="auto", throughput_batch=base["target_batch"][g],
-                                 repeats=args.repeats or base["target_repeats"][g],
-                                 throughput_repeats=args.repeats or base["target_repeats"][g], **warm_load(load, warm(0)),
-                                 check=g <= 28))
+    # batch, under each machine load; in rounds spread over the run (placed below), pooled by target_rows.
+    target_rounds = []
+    for rnd in range(base["target_rounds"]):
+        target_rounds.append([])
+        for g in base["target_grids"]:
+            for dim, heads in base["target_dims"]:
+                for load in loads:
+                    target_rounds[-1].append(dict(
+                        common, **load, part="mixer_target", kind="mixer", mixers=["ssog", "sdpa"], mode="inference",
+                        grid=g, dim=dim, num_heads=heads, num_components=4, ssog_backend="auto", round=rnd,
+                        throughput_batch=base["target_batch"][g], repeats=args.repeats or base["target_repeats"][g],
+                        throughput_repeats=args.repeats or base["target_repeats"][g], **warm_load(load, warm(0)),
+                        check=g <= 28 and rnd == 0))
+    cfgs += target_rounds[0] if target_rounds else []
     # 2. Backend table at 64x64 (one configuration per mixer, pooled over interleaved rounds).
     g = base["mixer_grid"]
     mixers = [("sdpa", None), ("math", None), ("ssog", "auto")] + [("ssog", b) for b in base["mixer_backends"]]
@@ -217,6 +223,7 @@ def plan(args, device: str) -> list[dict]:
     resolutions = sorted(resolutions)
     resolutions = resolutions[:1] + resolutions[-1:] + resolutions[1:-1] if len(resolutions) > 1 else resolutions
     modes = ["inference"] if args.no_train else ["inference", "train"]
+    models = []
     for res in resolutions:
         for width in widths:
             for variant in variants:
@@ -244,7 +251,13 @@ def plan(args, device: str) -> list[dict]:
                                        check=mode == "inference" and res <= 384 and load == dict(threads=threads))
                             if method:
                                 cfg.update(method=method, rk4_steps=PRESETS_DEPTH // 4)
-                            cfgs.append(cfg)
+                            models.append(cfg)
+    # The later rounds of the mixer targets between the model rows, evenly: a slow spell of the machine that
+    # lasts a minute then lands on one round of a target row, not on all its samples.
+    R = len(target_rounds)
+    for r in range(1, R + 1):
+        cfgs += models[(r - 1) * len(models) // R:r * len(models) // R]
+        cfgs += target_rounds[r] if r < R else []
     return cfgs
 
 
@@ -347,17 +360,47 @@ def _fraction_ci(base_times, ssog_times, mac_ratio) -> list[float] | None:
     return [iv[0] / mac_ratio, iv[1] / mac_ratio] if iv else None
 
 
+def pool_target_rounds(rounds: list[dict]) -> dict:
+    """One mixer's results of a target row over its rounds (in round order) as one result: the timed samples of
+    every measured round concatenated (batch 1 and the throughput batch), so that the i-th samples of SSoG and SDPA
+    still come from the same round; a round skipped by the time budget is left out, any other failure is the
+    pooled result's status; the output check from the round that made one."""
+    done = [r for r in rounds if r.get("status") != "skipped"]
+    if not done:
+        return rounds[0] if rounds else {}
+    bad = next((r for r in done if r.get("status") != "ok"), None)
+    if bad is not None:
+        return bad
+    out = dict(done[0], times_s=[t for r in done for t in r["times_s"]], rounds=len(done),
+               round_medians_s=[r["median_s"] for r in done])
+    out["median_s"] = statistics.median(out["times_s"])
+    if all(r.get("throughput") for r in done):
+        tp = [t for r in done for t in r["throughput"]["times_s"]]
+        out["throughput"] = dict(done[0]["throughput"], times_s=tp, median_s=statistics.median(tp),
+                                 round_medians_s=[r["throughput"]["median_s"] for r in done])
+    else:
+        out.pop("throughput", None)
+    check = next((r["check"] for r in done if "check" in r), None)
+    if check is not None:
+        out["check"] = check
+    return out
+
+
 def target_rows(results: list[dict]) -> list[dict]:
     """Mixer-alone targets: SSoG against fused SDPA per grid, width and load, at batch 1 and at the
-    throughput batch, with the multiply-add ratio and their quotient."""
+    throughput batch, with the multiply-add ratio and their quotient; each row's rounds pooled
+    (pool_target_rounds), the fraction of every round kept beside the pooled one."""
     groups: dict = {}
     for r in results:
         cfg = r["config"]
         if cfg.get("part") != "mixer_target":
             continue
-        groups.setdefault((cfg["grid"], cfg["dim"], cfg["num_heads"], load_of(cfg)), {})[cfg["mixer"]] = r
+        groups.setdefault((cfg["grid"], cfg["dim"], cfg["num_heads"], load_of(cfg)), {}).setdefault(
+            cfg["mixer"], []).append(r)
     rows = []
-    for (g, dim, heads, load), by in groups.items():
+    for (g, dim, heads, load), by_rounds in groups.items():
+        by = {m: pool_target_rounds(sorted(rs, key=lambda r: r["config"].get("round", 0)))
+              for m, rs in by_rounds.items()}
         s, a = by.get("ssog", {}), by.get("sdpa", {})
         mr = bench.mixer_macs("sdpa", g, g, dim) / bench.mixer_macs("ssog", g, g, dim)
         ok = s.get("status") == "ok" and a.get("status") == "ok"
@@ -375,6 +418,10 @@ def target_rows(results: list[dict]) -> list[dict]:
             row[f"{tag}_speedup"] = ta / ts if ts and ta else None
             row[f"{tag}_fraction"] = row[f"{tag}_speedup"] / mr if row[f"{tag}_speedup"] else None
             row[f"{tag}_fraction_ci"] = _fraction_ci(samples_a, samples_s, mr) if row[f"{tag}_speedup"] else None
+            rs_, ra_ = (s, a) if tag == "b1" else (s.get("throughput") or {}, a.get("throughput") or {})
+            pairs = list(zip(ra_.get("round_medians_s") or [], rs_.get("round_medians_s") or [])) if ok else []
+            row[f"{tag}_round_fractions"] = [x / y / mr for x, y in pairs] if len(pairs) > 1 else None
+        row["rounds"] = s.get("rounds", 1) if ok else 0
         rows.append(row)
     return rows
 
@@ -434,6 +481,11 @@ def _f(x, scale=1.0):
 def _fci(x, ci):
     """A fraction with its 95 % interval: 0.91 [0.87, 0.93]."""
     return _f(x) if x is None or not ci else f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _rounds(fracs) -> str:
+    """The lowest and highest single-round fraction of a pooled target row: ' {0.84-0.95}'; '' for one round."""
+    return f" {{{min(fracs):.2f}-{max(fracs):.2f}}}" if fracs else ""
 
 
 def _interval_note(items, target: float, label) -> tuple[str, dict]:
@@ -499,6 +551,14 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                                                     f"batch {x[0][x[1] + '_batch']}")
         lines[-1] += note
         must["mixer_fraction_target"].update(stats)
+        single = [(t, tag, f) for t, tag in quiet for f in (t.get(f"{tag}_round_fractions") or [])]
+        if single:  # the pooled rows' single rounds, said plainly: a round can miss where the pooled row does not
+            low = [(t, tag, f) for t, tag, f in single if f < 0.8]
+            must["mixer_fraction_target"]["single_rounds"] = dict(rounds=len(single), below=len(low))
+            lines[-1] += (f" Single rounds (of the {len(quiet)} pooled measurements): {len(single) - len(low)} of "
+                          f"{len(single)} at >= 0.8" + ("; below: " + "; ".join(
+                              f"{t['grid']}x{t['grid']} C={t['dim']} {t['load']} batch {t[tag + '_batch']}: {f:.2f}"
+                              for t, tag, f in low) if low else "") + ".")
         if any(t["checked"] for t in targets):
             bad = [t for t in targets if t["checked"] and not t["check_ok"]]
             lines.append("- Mixer outputs (float64, against the einsum reference path and explicit softmax): "
@@ -560,13 +620,17 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                "Forward with projections, 4 components, eval, no grad; both mixers timed alternately in one process, "
                "at batch 1 and at the throughput batch (with more than one thread after eight untimed steps per batch "
                "size, in which SSoG's thread policy times both thread counts). "
-               "`frac` = measured speed-up / multiply-add ratio (target >= 0.8), with its bootstrap 95 % interval.",
+               f"Each row ran in {max(t['rounds'] for t in targets)} round(s), each in its own process, spread over "
+               "the run (the first before the backend table, the others between the model rows), and its samples are "
+               "pooled: a slow spell of the machine lands on one round, not on the whole row. "
+               "`frac` = measured speed-up (pooled medians) / multiply-add ratio (target >= 0.8), with its bootstrap "
+               "95 % interval and, in braces, the lowest and highest fraction of a single round.",
                ""]
         trows = [[f"{t['grid']}x{t['grid']}", t["dim"], t["load"], _f(t["mac_ratio"]),
                   t["b1_batch"] or "-", _f(t["b1_ssog_ms"]), _f(t["b1_sdpa_ms"]), _f(t["b1_speedup"]),
-                  _fci(t["b1_fraction"], t.get("b1_fraction_ci")),
+                  _fci(t["b1_fraction"], t.get("b1_fraction_ci")) + _rounds(t.get("b1_round_fractions")),
                   t["tp_batch"] or "-", _f(t["tp_ssog_ms"]), _f(t["tp_sdpa_ms"]), _f(t["tp_speedup"]),
-                  _fci(t["tp_fraction"], t.get("tp_fraction_ci")),
+                  _fci(t["tp_fraction"], t.get("tp_fraction_ci")) + _rounds(t.get("tp_round_fractions")),
                   "ok" if t["check_ok"] and t["checked"] else ("-" if not t["checked"] else "FAILED")]
                  for t in sorted(targets, key=lambda t: (t["grid"], t["dim"], list(LOADS).index(t["load"])
                                                           if t["load"] in LOADS else 9))]

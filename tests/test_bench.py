@@ -310,6 +310,43 @@ def test_report_intervals_and_the_rows_on_the_line():
     assert targets[0]["tp_fraction_ci"] == pytest.approx([frac, frac])
 
 
+def test_target_rows_pool_their_rounds():
+    """A mixer-target row measured in rounds: the samples of every round are pooled (median over all of them, the
+    bootstrap resampling whole rounds of pairs), each round's own fraction is kept, a round skipped by the time
+    budget is left out, a failed round fails the row."""
+    mr = bench.mixer_macs("sdpa", 14, 14, 192) / bench.mixer_macs("ssog", 14, 14, 192)
+
+    def result(mixer, rnd, times, status="ok"):
+        cfg = dict(part="mixer_target", kind="mixer", mixer=mixer, grid=14, dim=192, num_heads=3, threads=0,
+                   batch_size=1, round=rnd)
+        if status != "ok":
+            return {"config": cfg, "status": status}
+        return {"config": cfg, "status": "ok", "median_s": float(np.median(times)), "times_s": times,
+                "throughput": dict(batch=8, median_s=8 * float(np.median(times)), times_s=[8 * t for t in times])}
+    # SDPA's time per round: 2.0 s in round 0, 1.0 s in round 1, 3.0 s in round 2 (a slow spell); SSoG's 1.0 s
+    # throughout, so the single-round speed-ups are 2, 1 and 3 and the pooled median speed-up is 2
+    rounds = [(0, [2.0] * 3), (1, [1.0] * 3), (2, [3.0] * 3)]
+    results = [result("sdpa", r, t) for r, t in rounds] + [result("ssog", r, [1.0] * 3) for r, _ in rounds]
+    results.append(result("ssog", 3, None, "skipped"))
+    results.append(result("sdpa", 3, None, "skipped"))
+    (row,) = throughput.target_rows(results[::-1])  # order of the results does not matter
+    assert row["rounds"] == 3 and row["status"] == ("ok", "ok")
+    assert row["b1_speedup"] == pytest.approx(2.0) and row["b1_fraction"] == pytest.approx(2.0 / mr)
+    assert row["b1_round_fractions"] == pytest.approx([2.0 / mr, 1.0 / mr, 3.0 / mr])
+    assert row["tp_round_fractions"] == pytest.approx([2.0 / mr, 1.0 / mr, 3.0 / mr])
+    lo, hi = row["b1_fraction_ci"]
+    assert 1.0 / mr <= lo < 2.0 / mr < hi <= 3.0 / mr
+    assert throughput._rounds(row["b1_round_fractions"]) == f" {{{1 / mr:.2f}-{3 / mr:.2f}}}"
+    md, must = throughput.render([], "", [], {}, "cpu: test", throughput.parse(["--quick"]), 1, 60.0, targets=[row])
+    assert must["mixer_fraction_target"]["single_rounds"] == dict(rounds=6, below=sum(f < 0.8 for f in (
+        row["b1_round_fractions"] + row["tp_round_fractions"])))
+    assert "3 round(s)" in md
+    failed = [r for r in results if r["config"].get("round") != 1] + [result("ssog", 1, None, "timeout"),
+                                                                     result("sdpa", 1, [1.0] * 3)]
+    (row,) = throughput.target_rows(failed)
+    assert row["status"] == ("timeout", "ok") and row["b1_speedup"] is None and row["rounds"] == 0
+
+
 def test_rounds_per_planned_row():
     """Every planned row with a throughput batch times it at least three times after at least two untimed steps
     (with two timed steps one slow spell decided a row's ratio), and batch 1 at least as often; below 1024 the
@@ -325,6 +362,19 @@ def test_rounds_per_planned_row():
         assert c["throughput_warmup"] >= 2, c
     backends = [c for c in plan if c["part"] == "mixer"]  # the 64x64 backend table: five rounds of every backend
     assert backends and {c["round"] for c in backends} == set(range(5))
+    # the mixer targets: three rounds of every row, the first before any model row, the others between model rows
+    # (a model row before and after each), the float64 output check in the first only
+    parts = [(c["part"], c.get("round")) for c in plan]
+    targets = [c for c in plan if c["part"] == "mixer_target"]
+    per_row = {}
+    for c in targets:
+        per_row.setdefault((c["grid"], c["dim"], throughput.load_of(c)), []).append(c["round"])
+    assert len(per_row) == 18 and all(sorted(r) == [0, 1, 2] for r in per_row.values())
+    assert max(i for i, p in enumerate(parts) if p == ("mixer_target", 0)) < parts.index(("model", None))
+    for rnd in (1, 2):
+        at = [i for i, p in enumerate(parts) if p == ("mixer_target", rnd)]
+        assert parts[min(at) - 1][0] == "model" and parts[max(at) + 1][0] == "model", rnd
+    assert all(c["check"] == (c["grid"] <= 28 and c["round"] == 0) for c in targets)
     models = [c for c in plan if c["part"] == "model"]
     for c in models:
         res, train = c["resolution"], c["mode"] == "train"
