@@ -9,7 +9,7 @@ Every row in its own subprocess (lipcheck.bench.run_config); within a row SSoG a
 from one seed and timed alternately (lipcheck.bench.measure_row) at batch 1 and at a throughput batch:
 1a. mixer targets: SSoG (auto) against fused SDPA at 14x14, 28x28, 64x64 with C = 192 and 384, pinned
     to one thread, with torch's default thread count, and with a busy competing process; three rounds of
-    each spread over the run, pooled;
+    each spread over the run, the median of the rounds' speed-ups reported;
 1b. the SSoG backend table at 64x64, C=384 (one configuration per mixer, fused and explicit attention);
 2. whole models, widths x variants x resolutions, inference and a training step, SSoG ("auto")
    against fused SDPA (and explicit attention where its memory is the reference); the ODE model with
@@ -196,7 +196,7 @@ def plan(args, device: str) -> list[dict]:
 
     cfgs = []
     # 1. Mixer targets: SSoG (auto) against fused SDPA at each grid and width, batch 1 and a throughput
-    # batch, under each machine load; in rounds spread over the run (placed below), pooled by target_rows.
+    # batch, under each machine load; in rounds spread over the run (placed below), combined by target_rows.
     target_rounds = []
     for rnd in range(base["target_rounds"]):
         target_rounds.append([])
@@ -361,23 +361,21 @@ def _fraction_ci(base_times, ssog_times, mac_ratio) -> list[float] | None:
 
 
 def pool_target_rounds(rounds: list[dict]) -> dict:
-    """One mixer's results of a target row over its rounds (in round order) as one result: the timed samples of
-    every measured round concatenated (batch 1 and the throughput batch), so that the i-th samples of SSoG and SDPA
-    still come from the same round; a round skipped by the time budget is left out, any other failure is the
-    pooled result's status; the output check from the round that made one."""
+    """One mixer's results of a target row over its rounds (in round order) as one result, each round's timed
+    samples kept apart (`round_times_s`, batch 1 and the throughput batch), so that a speed-up is formed within a
+    round; median_s is the median of the rounds' medians. A round skipped by the time budget is left out, any
+    other failure is the pooled result's status; the output check from the round that made one."""
     done = [r for r in rounds if r.get("status") != "skipped"]
     if not done:
         return rounds[0] if rounds else {}
     bad = next((r for r in done if r.get("status") != "ok"), None)
     if bad is not None:
         return bad
-    out = dict(done[0], times_s=[t for r in done for t in r["times_s"]], rounds=len(done),
-               round_medians_s=[r["median_s"] for r in done])
-    out["median_s"] = statistics.median(out["times_s"])
+    out = dict(done[0], rounds=len(done), round_times_s=[r["times_s"] for r in done],
+               median_s=statistics.median(r["median_s"] for r in done))
     if all(r.get("throughput") for r in done):
-        tp = [t for r in done for t in r["throughput"]["times_s"]]
-        out["throughput"] = dict(done[0]["throughput"], times_s=tp, median_s=statistics.median(tp),
-                                 round_medians_s=[r["throughput"]["median_s"] for r in done])
+        out["throughput"] = dict(done[0]["throughput"], round_times_s=[r["throughput"]["times_s"] for r in done],
+                                 median_s=statistics.median(r["throughput"]["median_s"] for r in done))
     else:
         out.pop("throughput", None)
     check = next((r["check"] for r in done if "check" in r), None)
@@ -388,8 +386,9 @@ def pool_target_rounds(rounds: list[dict]) -> dict:
 
 def target_rows(results: list[dict]) -> list[dict]:
     """Mixer-alone targets: SSoG against fused SDPA per grid, width and load, at batch 1 and at the
-    throughput batch, with the multiply-add ratio and their quotient; each row's rounds pooled
-    (pool_target_rounds), the fraction of every round kept beside the pooled one."""
+    throughput batch, with the multiply-add ratio and their quotient. A row measured in rounds
+    (pool_target_rounds): its speed-up is the median over rounds of each round's speed-up (bench.rounds_ratio),
+    every round's fraction kept beside it; the times shown are medians over rounds of each round's median."""
     groups: dict = {}
     for r in results:
         cfg = r["config"]
@@ -406,22 +405,20 @@ def target_rows(results: list[dict]) -> list[dict]:
         ok = s.get("status") == "ok" and a.get("status") == "ok"
         row = dict(grid=g, dim=dim, heads=heads, load=load, mac_ratio=mr, status=(s.get("status"), a.get("status")),
                    check_ok=all((x.get("check") or {}).get("ok", True) for x in (s, a)),
-                   checked=any("check" in x for x in (s, a)))
-        for tag, get in (("b1", lambda r: (r.get("median_s"), r["config"].get("batch_size", 1), r.get("times_s"))),
-                         ("tp", lambda r: ((r.get("throughput") or {}).get("median_s"),
-                                           (r.get("throughput") or {}).get("batch"), _tp_times(r)))):
-            ts, B, samples_s = get(s) if ok else (None, None, None)
-            ta, _, samples_a = get(a) if ok else (None, None, None)
-            row[f"{tag}_batch"] = B
-            row[f"{tag}_ssog_ms"] = ts * 1e3 if ts else None
-            row[f"{tag}_sdpa_ms"] = ta * 1e3 if ta else None
-            row[f"{tag}_speedup"] = ta / ts if ts and ta else None
-            row[f"{tag}_fraction"] = row[f"{tag}_speedup"] / mr if row[f"{tag}_speedup"] else None
-            row[f"{tag}_fraction_ci"] = _fraction_ci(samples_a, samples_s, mr) if row[f"{tag}_speedup"] else None
+                   checked=any("check" in x for x in (s, a)), rounds=s.get("rounds", 0) if ok else 0)
+        for tag in ("b1", "tp"):
             rs_, ra_ = (s, a) if tag == "b1" else (s.get("throughput") or {}, a.get("throughput") or {})
-            pairs = list(zip(ra_.get("round_medians_s") or [], rs_.get("round_medians_s") or [])) if ok else []
-            row[f"{tag}_round_fractions"] = [x / y / mr for x, y in pairs] if len(pairs) > 1 else None
-        row["rounds"] = s.get("rounds", 1) if ok else 0
+            runs_s, runs_a = rs_.get("round_times_s"), ra_.get("round_times_s")
+            have = ok and bool(runs_s) and bool(runs_a) and len(runs_s) == len(runs_a)
+            row[f"{tag}_batch"] = (s["config"].get("batch_size", 1) if tag == "b1" else rs_.get("batch")) if ok else None
+            row[f"{tag}_ssog_ms"] = rs_["median_s"] * 1e3 if have else None
+            row[f"{tag}_sdpa_ms"] = ra_["median_s"] * 1e3 if have else None
+            row[f"{tag}_speedup"] = bench.rounds_ratio(runs_a, runs_s) if have else None
+            row[f"{tag}_fraction"] = row[f"{tag}_speedup"] / mr if have else None
+            iv = bench.rounds_ratio_interval(runs_a, runs_s) if have else None
+            row[f"{tag}_fraction_ci"] = [iv[0] / mr, iv[1] / mr] if iv else None
+            row[f"{tag}_round_fractions"] = [statistics.median(x) / statistics.median(y) / mr
+                                             for x, y in zip(runs_a, runs_s)] if have and len(runs_s) > 1 else None
         rows.append(row)
     return rows
 
@@ -552,10 +549,10 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
         lines[-1] += note
         must["mixer_fraction_target"].update(stats)
         single = [(t, tag, f) for t, tag in quiet for f in (t.get(f"{tag}_round_fractions") or [])]
-        if single:  # the pooled rows' single rounds, said plainly: a round can miss where the pooled row does not
+        if single:  # the rows' single rounds, said plainly: a round can miss where the pooled row does not
             low = [(t, tag, f) for t, tag, f in single if f < 0.8]
             must["mixer_fraction_target"]["single_rounds"] = dict(rounds=len(single), below=len(low))
-            lines[-1] += (f" Single rounds (of the {len(quiet)} pooled measurements): {len(single) - len(low)} of "
+            lines[-1] += (f" Single rounds (of the {len(quiet)} measurements): {len(single) - len(low)} of "
                           f"{len(single)} at >= 0.8" + ("; below: " + "; ".join(
                               f"{t['grid']}x{t['grid']} C={t['dim']} {t['load']} batch {t[tag + '_batch']}: {f:.2f}"
                               for t, tag, f in low) if low else "") + ".")
@@ -622,9 +619,12 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                "size, in which SSoG's thread policy times both thread counts). "
                f"Each row ran in {max(t['rounds'] for t in targets)} round(s), each in its own process, spread over "
                "the run (the first before the backend table, the others between the model rows), and its samples are "
-               "pooled: a slow spell of the machine lands on one round, not on the whole row. "
-               "`frac` = measured speed-up (pooled medians) / multiply-add ratio (target >= 0.8), with its bootstrap "
-               "95 % interval and, in braces, the lowest and highest fraction of a single round.",
+               "combined: a slow spell of the machine lands on one round, not on the whole row. Each round's speed-up "
+               "is formed from its own samples (SSoG and SDPA alternating), and `x vs SDPA` is the median over rounds "
+               "of those speed-ups (the machine's speed differs between rounds minutes apart, so it is not the "
+               "quotient of the time columns, which are medians over rounds of each round's median). "
+               "`frac` = that speed-up / multiply-add ratio (target >= 0.8), with its bootstrap 95 % interval (samples "
+               "resampled within each round) and, in braces, the lowest and highest fraction of a single round.",
                ""]
         trows = [[f"{t['grid']}x{t['grid']}", t["dim"], t["load"], _f(t["mac_ratio"]),
                   t["b1_batch"] or "-", _f(t["b1_ssog_ms"]), _f(t["b1_sdpa_ms"]), _f(t["b1_speedup"]),

@@ -234,14 +234,33 @@ def ratio_interval(num: list[float], den: list[float], level: float = 0.95, n_bo
     SSoG's). `measure_row` takes the i-th sample of each mixer in the same round, one after the other, so a slow
     spell of a shared machine moves both: with as many samples of each, whole rounds are resampled (the pairing
     kept); otherwise each list on its own. None with fewer than three samples of either."""
+    return rounds_ratio_interval([num], [den], level, n_boot, seed)
+
+
+def rounds_ratio(nums: list[list[float]], dens: list[list[float]]) -> float:
+    """Median over runs of median(num_k) / median(den_k): each run's speed-up formed from its own samples (taken
+    under one machine state), the runs (minutes apart, the machine's speed between them differing) combined by
+    their median."""
+    return statistics.median(statistics.median(a) / statistics.median(b) for a, b in zip(nums, dens))
+
+
+def rounds_ratio_interval(nums: list[list[float]], dens: list[list[float]], level: float = 0.95, n_boot: int = 4000,
+                          seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of `rounds_ratio`: every run's samples resampled within that run (as
+    `ratio_interval` does for one), the runs kept. None when a run has fewer than three samples of either."""
     import numpy as np
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    if a.size < 3 or b.size < 3:
+    if not nums or len(nums) != len(dens):
         return None
     rng = np.random.default_rng(seed)
-    ia = rng.integers(0, a.size, (n_boot, a.size))
-    ib = ia if a.size == b.size else rng.integers(0, b.size, (n_boot, b.size))
-    ratios = np.median(a[ia], axis=1) / np.median(b[ib], axis=1)
+    per_run = []
+    for num, den in zip(nums, dens):
+        a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+        if a.size < 3 or b.size < 3:
+            return None
+        ia = rng.integers(0, a.size, (n_boot, a.size))
+        ib = ia if a.size == b.size else rng.integers(0, b.size, (n_boot, b.size))
+        per_run.append(np.median(a[ia], axis=1) / np.median(b[ib], axis=1))
+    ratios = np.median(np.stack(per_run), axis=0)
     tail = 50 * (1 - level)
     lo, hi = np.percentile(ratios, [tail, 100 - tail])
     return float(lo), float(hi)

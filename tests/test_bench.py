@@ -310,10 +310,11 @@ def test_report_intervals_and_the_rows_on_the_line():
     assert targets[0]["tp_fraction_ci"] == pytest.approx([frac, frac])
 
 
-def test_target_rows_pool_their_rounds():
-    """A mixer-target row measured in rounds: the samples of every round are pooled (median over all of them, the
-    bootstrap resampling whole rounds of pairs), each round's own fraction is kept, a round skipped by the time
-    budget is left out, a failed round fails the row."""
+def test_target_rows_combine_their_rounds():
+    """A mixer-target row measured in rounds: each round's speed-up is formed from its own samples and the row's is
+    their median (not the quotient of pooled medians, which mixes the machine's speeds of different rounds); each
+    round's fraction is kept, the bootstrap resamples within rounds, a round skipped by the time budget is left
+    out, a failed round fails the row."""
     mr = bench.mixer_macs("sdpa", 14, 14, 192) / bench.mixer_macs("ssog", 14, 14, 192)
 
     def result(mixer, rnd, times, status="ok"):
@@ -323,28 +324,45 @@ def test_target_rows_pool_their_rounds():
             return {"config": cfg, "status": status}
         return {"config": cfg, "status": "ok", "median_s": float(np.median(times)), "times_s": times,
                 "throughput": dict(batch=8, median_s=8 * float(np.median(times)), times_s=[8 * t for t in times])}
-    # SDPA's time per round: 2.0 s in round 0, 1.0 s in round 1, 3.0 s in round 2 (a slow spell); SSoG's 1.0 s
-    # throughout, so the single-round speed-ups are 2, 1 and 3 and the pooled median speed-up is 2
-    rounds = [(0, [2.0] * 3), (1, [1.0] * 3), (2, [3.0] * 3)]
-    results = [result("sdpa", r, t) for r, t in rounds] + [result("ssog", r, [1.0] * 3) for r, _ in rounds]
-    results.append(result("ssog", 3, None, "skipped"))
-    results.append(result("sdpa", 3, None, "skipped"))
+    # Round speeds differ (the machine): SSoG 1, 4, 2 s and SDPA 2.2, 8.4, 4.0 s, so the single-round speed-ups are
+    # 2.2, 2.1 and 2.0 and their median 2.1; the medians of the time columns (2 s and 4 s) would give 2.0
+    rounds = [(0, 1.0, 2.2), (1, 4.0, 8.4), (2, 2.0, 4.0)]
+    jitter = [1.0, 1.1, 0.9]
+    results = [result("ssog", r, [ts * j for j in jitter]) for r, ts, _ in rounds]
+    results += [result("sdpa", r, [ta * j for j in jitter]) for r, _, ta in rounds]
+    results += [result("ssog", 3, None, "skipped"), result("sdpa", 3, None, "skipped")]
     (row,) = throughput.target_rows(results[::-1])  # order of the results does not matter
     assert row["rounds"] == 3 and row["status"] == ("ok", "ok")
-    assert row["b1_speedup"] == pytest.approx(2.0) and row["b1_fraction"] == pytest.approx(2.0 / mr)
-    assert row["b1_round_fractions"] == pytest.approx([2.0 / mr, 1.0 / mr, 3.0 / mr])
-    assert row["tp_round_fractions"] == pytest.approx([2.0 / mr, 1.0 / mr, 3.0 / mr])
-    lo, hi = row["b1_fraction_ci"]
-    assert 1.0 / mr <= lo < 2.0 / mr < hi <= 3.0 / mr
-    assert throughput._rounds(row["b1_round_fractions"]) == f" {{{1 / mr:.2f}-{3 / mr:.2f}}}"
+    assert row["b1_speedup"] == pytest.approx(2.1) and row["b1_fraction"] == pytest.approx(2.1 / mr)
+    assert row["tp_speedup"] == pytest.approx(2.1)
+    assert row["b1_ssog_ms"] == pytest.approx(2000.0) and row["b1_sdpa_ms"] == pytest.approx(4000.0)
+    assert row["b1_round_fractions"] == pytest.approx([2.2 / mr, 2.1 / mr, 2.0 / mr])
+    assert row["tp_round_fractions"] == pytest.approx([2.2 / mr, 2.1 / mr, 2.0 / mr])
+    # the same jitter in both mixers of a round: every resample of a round pairs them, its ratio is exact
+    assert row["b1_fraction_ci"] == pytest.approx([2.1 / mr, 2.1 / mr])
+    assert throughput._rounds(row["b1_round_fractions"]) == f" {{{2.0 / mr:.2f}-{2.2 / mr:.2f}}}"
     md, must = throughput.render([], "", [], {}, "cpu: test", throughput.parse(["--quick"]), 1, 60.0, targets=[row])
-    assert must["mixer_fraction_target"]["single_rounds"] == dict(rounds=6, below=sum(f < 0.8 for f in (
-        row["b1_round_fractions"] + row["tp_round_fractions"])))
+    assert must["mixer_fraction_target"]["single_rounds"] == dict(rounds=6, below=6 * (2.2 / mr < 0.8))
     assert "3 round(s)" in md
     failed = [r for r in results if r["config"].get("round") != 1] + [result("ssog", 1, None, "timeout"),
                                                                      result("sdpa", 1, [1.0] * 3)]
     (row,) = throughput.target_rows(failed)
     assert row["status"] == ("timeout", "ok") and row["b1_speedup"] is None and row["rounds"] == 0
+
+
+def test_rounds_ratio_interval_resamples_within_rounds():
+    """bench.rounds_ratio: the median of the runs' ratios of medians; its interval resamples inside each run (one
+    run: the same as ratio_interval), covers the median run's ratio, and is None when a run has under three samples."""
+    rng = np.random.default_rng(3)
+    nums = [list(s * 2.0 * rng.lognormal(0, 0.1, 9)) for s in (1.0, 3.0, 0.5)]
+    dens = [list(s * rng.lognormal(0, 0.1, 9)) for s in (1.0, 3.0, 0.5)]
+    per = sorted(np.median(a) / np.median(b) for a, b in zip(nums, dens))
+    assert bench.rounds_ratio(nums, dens) == pytest.approx(per[1])
+    lo, hi = bench.rounds_ratio_interval(nums, dens)
+    assert lo <= per[1] <= hi and lo > 1.5 and hi < 2.6
+    assert bench.rounds_ratio_interval(nums[:1], dens[:1]) == bench.ratio_interval(nums[0], dens[0])
+    assert bench.rounds_ratio_interval(nums + [[1.0, 2.0]], dens + [[1.0, 2.0]]) is None
+    assert bench.rounds_ratio_interval(nums, dens[:2]) is None
 
 
 def test_rounds_per_planned_row():
