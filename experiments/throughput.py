@@ -254,7 +254,7 @@ def plan(args, device: str) -> list[dict]:
                             models.append(cfg)
     # The later rounds of the mixer targets between the model rows, evenly: a slow spell of the machine that
     # lasts a minute then lands on one round of a target row, not on all its samples.
-    R = len(target_rounds)
+    R = max(1, len(target_rounds))  # with no target rows the models still run
     for r in range(1, R + 1):
         cfgs += models[(r - 1) * len(models) // R:r * len(models) // R]
         cfgs += target_rounds[r] if r < R else []
