@@ -417,8 +417,8 @@ def target_rows(results: list[dict]) -> list[dict]:
             row[f"{tag}_fraction"] = row[f"{tag}_speedup"] / mr if have else None
             iv = bench.rounds_ratio_interval(runs_a, runs_s) if have else None
             row[f"{tag}_fraction_ci"] = [iv[0] / mr, iv[1] / mr] if iv else None
-            row[f"{tag}_round_fractions"] = [statistics.median(x) / statistics.median(y) / mr
-                                             for x, y in zip(runs_a, runs_s)] if have and len(runs_s) > 1 else None
+            row[f"{tag}_round_fractions"] = [x / mr for x in bench.run_ratios(runs_a, runs_s)] \
+                if have and len(runs_s) > 1 else None
         rows.append(row)
     return rows
 
@@ -481,7 +481,7 @@ def _fci(x, ci):
 
 
 def _rounds(fracs) -> str:
-    """The lowest and highest single-round fraction of a pooled target row: ' {0.84-0.95}'; '' for one round."""
+    """The lowest and highest single-round fraction of a target row: ' {0.84-0.95}'; '' for one round."""
     return f" {{{min(fracs):.2f}-{max(fracs):.2f}}}" if fracs else ""
 
 
@@ -549,7 +549,7 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
         lines[-1] += note
         must["mixer_fraction_target"].update(stats)
         single = [(t, tag, f) for t, tag in quiet for f in (t.get(f"{tag}_round_fractions") or [])]
-        if single:  # the rows' single rounds, said plainly: a round can miss where the pooled row does not
+        if single:  # the rows' single rounds, said plainly: a round can miss where the row does not
             low = [(t, tag, f) for t, tag, f in single if f < 0.8]
             must["mixer_fraction_target"]["single_rounds"] = dict(rounds=len(single), below=len(low))
             lines[-1] += (f" Single rounds (of the {len(quiet)} measurements): {len(single) - len(low)} of "

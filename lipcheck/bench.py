@@ -237,11 +237,16 @@ def ratio_interval(num: list[float], den: list[float], level: float = 0.95, n_bo
     return rounds_ratio_interval([num], [den], level, n_boot, seed)
 
 
+def run_ratios(nums: list[list[float]], dens: list[list[float]]) -> list[float]:
+    """median(num_k) / median(den_k) for each run k: a speed-up formed from one run's own samples (taken under one
+    machine state)."""
+    return [statistics.median(a) / statistics.median(b) for a, b in zip(nums, dens)]
+
+
 def rounds_ratio(nums: list[list[float]], dens: list[list[float]]) -> float:
-    """Median over runs of median(num_k) / median(den_k): each run's speed-up formed from its own samples (taken
-    under one machine state), the runs (minutes apart, the machine's speed between them differing) combined by
-    their median."""
-    return statistics.median(statistics.median(a) / statistics.median(b) for a, b in zip(nums, dens))
+    """Median over runs of `run_ratios`: the runs (minutes apart, the machine's speed between them differing)
+    combined by their median."""
+    return statistics.median(run_ratios(nums, dens))
 
 
 def rounds_ratio_interval(nums: list[list[float]], dens: list[list[float]], level: float = 0.95, n_boot: int = 4000,
