@@ -98,6 +98,44 @@ def test_stacked_transposed_layout_equals_dense(H, W, h, M, d, B, seed):
         torch.set_num_threads(saved[3])
 
 
+@settings(deadline=None, max_examples=12)
+@given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
+       seed=st.integers(0, 2**31 - 1))
+def test_stacked_tall_layout_equals_dense(H, W, h, M, d, seed):
+    """The batch-1 layout with the y axis transposed (inference with several threads, large grids) equals the
+    dense operator, and `_apply_stacked` takes it exactly there: batch 1, no autograd, more than one thread,
+    B H W > TRANSPOSED_MAX_TOKENS."""
+    g = torch.Generator().manual_seed(seed)
+    alpha, mu, sigma = random_params(g, h, M)
+    v = torch.randn(2, H, W, h, d, dtype=F64, generator=g)
+    ref = dense_mix(v, alpha, mu, sigma)
+    GW, GH = ssog._prepare_stacked(H, W, alpha, mu, sigma, *ssog._axis_taps(H, W, mu, sigma))
+    scale = max(1.0, float(ref.abs().max()))
+    for b in range(2):  # the second call reads the transposed factor kept on GH
+        out = ssog._stacked_tall(v[b:b + 1], GW, GH)
+        assert out.shape == (1, H, W, h, d)
+        assert (out - ref[b:b + 1]).abs().max() <= TOL * scale
+    # the same GW with another GH (alpha negated) must not be served the transposed factor of the first
+    assert (ssog._stacked_tall(v[:1], GW, -GH) + ref[:1]).abs().max() <= TOL * scale
+    taken, n = [], H * W
+    saved = ssog._stacked_tall, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, torch.get_num_threads()
+    ssog._stacked_tall = lambda *a: taken.append(1) or saved[0](*a)
+    ssog.FUSE_HEADS_TOKENS = 0
+    try:
+        for threads, limit, batch, grad, expect in [(2, n - 1, 1, False, 1), (1, n - 1, 1, False, 0),
+                                                    (2, n, 1, False, 0), (2, n - 1, 2, False, 0),
+                                                    (2, n - 1, 1, True, 0)]:
+            torch.set_num_threads(threads)
+            ssog.TRANSPOSED_MAX_TOKENS = limit
+            taken.clear()
+            out = ssog._apply_stacked(v[:batch].clone().requires_grad_(grad), GW, GH)
+            assert len(taken) == expect, (threads, limit, batch, grad)
+            assert (out - ref[:batch]).abs().max() <= TOL * scale
+    finally:
+        ssog._stacked_tall, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS = saved[:3]
+        torch.set_num_threads(saved[3])
+
+
 def test_derived_factors_with_a_graph_are_built_afresh():
     """Repeated and reordered forms of a factor are kept on an inference factor, but a factor with a graph (a
     parameter-like tensor, which an optimizer step changes in place) gets new ones at every call: a kept form

@@ -28,7 +28,8 @@ CHOICE_REFRESH = 32  # builds of one grid's factors between two evaluations of t
 # (batch x grid): 14 x 14 and 16 x 16 at batch 1 (measured on 2 CPU cores, see _stacked_all_heads).
 FUSE_HEADS_TOKENS = 400
 # Above that and up to this many tokens, with more than one thread and no autograd, the x coordinate goes
-# outermost instead (_stacked_transposed): 28 x 28 and 24 x 24 at batch 1 (measured on 2 CPU cores).
+# outermost instead (_stacked_transposed): 28 x 28 and 24 x 24 at batch 1 (measured on 2 CPU cores). Above it,
+# batch 1 keeps the per-head products but with the y axis transposed (_stacked_tall).
 TRANSPOSED_MAX_TOKENS = 1024
 STACKED_CHUNK_BYTES = 2 << 20
 
@@ -149,8 +150,11 @@ def _apply_stacked(v, GW, GH):
     if B * H * W <= FUSE_HEADS_TOKENS:
         return _stacked_all_heads(v, GW, GH)
     graph = torch.is_grad_enabled() and (v.requires_grad or GW.requires_grad or GH.requires_grad)
-    if not graph and B * H * W <= TRANSPOSED_MAX_TOKENS and torch.get_num_threads() > 1:
-        return _stacked_transposed(v, GW, GH)
+    if not graph and torch.get_num_threads() > 1:
+        if B * H * W <= TRANSPOSED_MAX_TOKENS:
+            return _stacked_transposed(v, GW, GH)
+        if B == 1:
+            return _stacked_tall(v, GW, GH)
     if graph:
         vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
         # unbind: one autograd node per tensor for all heads (indexing would add a zero-filled copy per head)
@@ -195,6 +199,26 @@ def _stacked_transposed(v, GW, GH):
     T = torch.bmm(GWt, vT)  # (h, W M, H B d)
     out = torch.bmm(GHt, T.view(h * W, GHt.shape[2], B * d))  # (h W, H, B d) = [head, j, i, b, e]
     return out.view(h, W, H, B, d).permute(3, 2, 1, 0, 4)
+
+
+def _stacked_tall(v, GW, GH):
+    """Batch 1 on grids above TRANSPOSED_MAX_TOKENS with more than one thread: the per-head products of
+    `_stacked_head`, but the y axis as out^T = T^T [alpha_m G_H^m[i, k]]^T, a GEMM with W d rows and H columns
+    (written to one buffer [head, j, e, i] for all heads) instead of H rows and W d columns. The BLAS splits an
+    H-row GEMM poorly across two threads (measured at 64 x 2048 x 256: no faster with two threads than with
+    one; the transposed form 1.5x). The result is a permuted view; the output projection's reshape makes the
+    one copy back to token order. Measured on the whole mixer with two threads against the per-head path,
+    alternating in one process (one process per figure): 64 x 64, C = 192 1.14-1.19x as fast, C = 384
+    0.95-1.14x; 36 x 36 and 48 x 48 0.99-1.12x. The axis products alone were slower in this form with one
+    thread (0.77-0.87x) and at batch 2 (0.85x), where the batched GEMM splits over the batch."""
+    _, H, W, h, d = v.shape
+    MW, HM = GW.shape[1], GH.shape[2]
+    GHt = _kept(GH, "tall", None, lambda: GH.transpose(1, 2).contiguous())  # (h, (k, m), H)
+    out = v.new_empty(h, W * d, H)
+    for i in range(h):
+        T = torch.bmm(GW[i].expand(H, MW, W), v[0, :, :, i, :])  # (H, M W, d) = [k, m, j, e]
+        torch.mm(T.view(HM, W * d).t(), GHt[i], out=out[i])
+    return out.view(h, W, d, H).permute(3, 1, 0, 2).unsqueeze(0)
 
 
 def _transposed_factors(GW: torch.Tensor, GH: torch.Tensor, H: int, W: int):
