@@ -99,11 +99,12 @@ def test_stacked_transposed_layout_equals_dense(H, W, h, M, d, B, seed):
 
 
 @settings(deadline=None, max_examples=12)
-@given(H=st.integers(1, 9), W=st.integers(1, 9), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
-       seed=st.integers(0, 2**31 - 1))
-def test_stacked_tall_layout_equals_dense(H, W, h, M, d, seed):
-    """The batch-1 layout with the y axis transposed (inference with several threads, large grids) equals the
-    dense operator, and `_apply_stacked` takes it exactly there: batch 1, no autograd, more than one thread,
+@given(H=st.integers(1, 9), W=st.integers(1, 17), h=st.integers(1, 3), M=st.integers(1, 3), d=st.integers(1, 3),
+       blocks=st.sampled_from([1, 2, 3, 4, 8]), seed=st.integers(0, 2**31 - 1))
+def test_stacked_column_blocks_equal_dense(H, W, h, M, d, blocks, seed):
+    """The batch-1 layout with the y axis in blocks of columns (inference with several threads, large grids)
+    equals the dense operator for every number of blocks (gcd(W, blocks): one block, several, one per x
+    coordinate), and `_apply_stacked` takes it exactly there: batch 1, no autograd, more than one thread,
     B H W > TRANSPOSED_MAX_TOKENS."""
     g = torch.Generator().manual_seed(seed)
     alpha, mu, sigma = random_params(g, h, M)
@@ -111,17 +112,17 @@ def test_stacked_tall_layout_equals_dense(H, W, h, M, d, seed):
     ref = dense_mix(v, alpha, mu, sigma)
     GW, GH = ssog._prepare_stacked(H, W, alpha, mu, sigma, *ssog._axis_taps(H, W, mu, sigma))
     scale = max(1.0, float(ref.abs().max()))
-    for b in range(2):  # the second call reads the transposed factor kept on GH
-        out = ssog._stacked_tall(v[b:b + 1], GW, GH)
-        assert out.shape == (1, H, W, h, d)
-        assert (out - ref[b:b + 1]).abs().max() <= TOL * scale
-    # the same GW with another GH (alpha negated) must not be served the transposed factor of the first
-    assert (ssog._stacked_tall(v[:1], GW, -GH) + ref[:1]).abs().max() <= TOL * scale
     taken, n = [], H * W
-    saved = ssog._stacked_tall, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, torch.get_num_threads()
-    ssog._stacked_tall = lambda *a: taken.append(1) or saved[0](*a)
-    ssog.FUSE_HEADS_TOKENS = 0
+    saved = (ssog._stacked_column_blocks, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, ssog.Y_COLUMN_BLOCKS,
+             torch.get_num_threads())
+    ssog.Y_COLUMN_BLOCKS = blocks
     try:
+        for b in range(2):
+            out = ssog._stacked_column_blocks(v[b:b + 1], GW, GH)
+            assert out.shape == (1, H, W, h, d)
+            assert (out - ref[b:b + 1]).abs().max() <= TOL * scale
+        ssog._stacked_column_blocks = lambda *a: taken.append(1) or saved[0](*a)
+        ssog.FUSE_HEADS_TOKENS = 0
         for threads, limit, batch, grad, expect in [(2, n - 1, 1, False, 1), (1, n - 1, 1, False, 0),
                                                     (2, n, 1, False, 0), (2, n - 1, 2, False, 0),
                                                     (2, n - 1, 1, True, 0)]:
@@ -132,8 +133,9 @@ def test_stacked_tall_layout_equals_dense(H, W, h, M, d, seed):
             assert len(taken) == expect, (threads, limit, batch, grad)
             assert (out - ref[:batch]).abs().max() <= TOL * scale
     finally:
-        ssog._stacked_tall, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS = saved[:3]
-        torch.set_num_threads(saved[3])
+        (ssog._stacked_column_blocks, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS,
+         ssog.Y_COLUMN_BLOCKS) = saved[:4]
+        torch.set_num_threads(saved[4])
 
 
 def test_derived_factors_with_a_graph_are_built_afresh():

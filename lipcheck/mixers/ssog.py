@@ -29,8 +29,9 @@ CHOICE_REFRESH = 32  # builds of one grid's factors between two evaluations of t
 FUSE_HEADS_TOKENS = 400
 # Above that and up to this many tokens, with more than one thread and no autograd, the x coordinate goes
 # outermost instead (_stacked_transposed): 28 x 28 and 24 x 24 at batch 1 (measured on 2 CPU cores). Above it,
-# batch 1 keeps the per-head products but with the y axis transposed (_stacked_tall).
+# batch 1 keeps the per-head products but runs the y axis as a batch of column blocks (_stacked_column_blocks).
 TRANSPOSED_MAX_TOKENS = 1024
+Y_COLUMN_BLOCKS = 8  # at most this many blocks (gcd with the grid width: each block holds whole x coordinates)
 STACKED_CHUNK_BYTES = 2 << 20
 
 
@@ -146,7 +147,7 @@ def _apply_stacked(v, GW, GH):
       step on a CPU.
     Small problems run all heads at once (`_stacked_all_heads`); without autograd and with more than one
     thread, mid-sized ones put the x coordinate outermost (`_stacked_transposed`) and batch 1 above that
-    transposes the y axis (`_stacked_tall`): layouts whose calls split across the threads.
+    runs the y axis in blocks of columns (`_stacked_column_blocks`): layouts whose calls split across the threads.
     """
     B, H, W, h, d = v.shape
     M = GW.shape[1] // W
@@ -157,7 +158,7 @@ def _apply_stacked(v, GW, GH):
         if B * H * W <= TRANSPOSED_MAX_TOKENS:
             return _stacked_transposed(v, GW, GH)
         if B == 1:
-            return _stacked_tall(v, GW, GH)
+            return _stacked_column_blocks(v, GW, GH)
     if graph:
         vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
         # unbind: one autograd node per tensor for all heads (indexing would add a zero-filled copy per head)
@@ -204,24 +205,26 @@ def _stacked_transposed(v, GW, GH):
     return out.view(h, W, H, B, d).permute(3, 2, 1, 0, 4)
 
 
-def _stacked_tall(v, GW, GH):
+def _stacked_column_blocks(v, GW, GH):
     """Batch 1 on grids above TRANSPOSED_MAX_TOKENS with more than one thread: the per-head products of
-    `_stacked_head`, but the y axis as out^T = T^T [alpha_m G_H^m[i, k]]^T, a GEMM with W d rows and H columns
-    (written to one buffer [head, j, e, i] for all heads) instead of H rows and W d columns. The BLAS splits an
-    H-row GEMM poorly across two threads (measured at 64 x 2048 x 256: no faster with two threads than with
-    one; the transposed form 1.5x). The result is a permuted view; the output projection's reshape makes the
-    one copy back to token order. Measured on the whole mixer with two threads against the per-head path,
-    alternating in one process (one process per figure): 64 x 64, C = 192 1.14-1.19x as fast, C = 384
-    0.95-1.14x; 36 x 36 and 48 x 48 0.99-1.12x. The axis products alone were slower in this form with one
-    thread (0.77-0.87x) and at batch 2 (0.85x), where the batched GEMM splits over the batch."""
+    `_stacked_head`, with the y axis (an H x H M times H M x W d GEMM) run as a batch of p = gcd(W, Y_COLUMN_BLOCKS)
+    GEMMs, each over the columns of W / p whole x coordinates. The BLAS splits one GEMM of so few rows poorly
+    across threads (measured with 64 rows, depth 256, 2048 columns: no faster with two threads than with one),
+    and a batch goes to the threads whole. Each block is copied straight into the output; the arithmetic of every entry is unchanged.
+    Measured on the whole mixer with two threads, alternating with the single GEMM in one process (two
+    processes per grid): 64 x 64, C = 192 (3 heads) 1.13 and 1.30x as fast, C = 384 (6 heads) 1.03 and 1.08x,
+    48 x 48, C = 192 1.09 and 1.12x; a transposed form (a GEMM with W d rows, then a copy back to token order) came
+    between the two. On a quiet spell of the machine all three were within 5 % of each other, and with one thread
+    the blocks were no faster, so that case keeps the single GEMM."""
     _, H, W, h, d = v.shape
     MW, HM = GW.shape[1], GH.shape[2]
-    GHt = _kept(GH, "tall", None, lambda: GH.transpose(1, 2).contiguous())  # (h, (k, m), H)
-    out = v.new_empty(h, W * d, H)
+    p = math.gcd(W, Y_COLUMN_BLOCKS)
+    out = v.new_empty(1, H, W, h, d)
     for i in range(h):
         T = torch.bmm(GW[i].expand(H, MW, W), v[0, :, :, i, :])  # (H, M W, d) = [k, m, j, e]
-        torch.mm(T.view(HM, W * d).t(), GHt[i], out=out[i])
-    return out.view(h, W, d, H).permute(3, 1, 0, 2).unsqueeze(0)
+        r = torch.bmm(GH[i].expand(p, H, HM), T.view(HM, p, W * d // p).transpose(0, 1))  # (p, H, (W / p) d)
+        out[0, :, :, i].view(H, p, W // p, d).copy_(r.view(p, H, W // p, d).transpose(0, 1))
+    return out
 
 
 def _transposed_factors(GW: torch.Tensor, GH: torch.Tensor, H: int, W: int):
