@@ -910,7 +910,8 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
                + ". Against fused SDPA, which never stores the N x N weights, the memory ratio is reported as measured. "
                "The paper's percentages are against its attention baseline on a GPU; ours are on the device above.", ""]
     # Backends
-    from lipcheck.mixers.ssog import COST_WEIGHTS, FUSE_HEADS_TOKENS, TRANSPOSED_MAX_TOKENS, ThreadPolicy
+    from lipcheck.mixers.ssog import (COST_WEIGHTS, FUSE_HEADS_TOKENS, TRANSPOSED_MAX_TOKENS, Y_COLUMN_BLOCKS,
+                                      ThreadPolicy)
     policy = ThreadPolicy()
     used = sorted({(r["resolution"], r["ssog"]["backend"]) for r in rows if r["ssog"]["backend"]})
     md += ["## SSoG backends", "",
@@ -944,8 +945,9 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            "(no copy in), with autograd head-major as one batched GEMM per axis; up to "
            f"{FUSE_HEADS_TOKENS} tokens (batch x grid) all heads go in one GEMM per axis, and with more than one "
            f"thread and no autograd, up to {TRANSPOSED_MAX_TOKENS} tokens the "
-           "x coordinate goes outermost and at batch 1 above that the y axis runs transposed (W d rows, H "
-           "columns), layouts whose GEMMs split across the threads; on a CPU each call runs at torch's "
+           "x coordinate goes outermost and at batch 1 above that the y axis runs as a batch of GEMMs over blocks of "
+           f"whole x coordinates (at most {Y_COLUMN_BLOCKS}), layouts whose GEMMs split across the threads; on a CPU "
+           "each call runs at torch's "
            "thread count or on one thread, whichever the call's own timings show faster (the other setting "
            f"re-probed after {policy.probe_every} calls, the interval doubling up to {policy.max_period} calls while "
            "the choice holds), "
