@@ -210,18 +210,19 @@ def _stacked_column_blocks(v, GW, GH):
     `_stacked_head`, with the y axis (an H x H M times H M x W d GEMM) run as a batch of p = gcd(W, Y_COLUMN_BLOCKS)
     GEMMs, each over the columns of W / p whole x coordinates. The BLAS splits one GEMM of so few rows poorly
     across threads (measured with 64 rows, depth 256, 2048 columns: no faster with two threads than with one),
-    and a batch goes to the threads whole. Each block is copied straight into the output; the arithmetic of every entry is unchanged.
+    and a batch goes to the threads whole. Each block is copied straight into the output; the arithmetic of every
+    entry is unchanged.
     Measured on the whole mixer with two threads, alternating with the single GEMM in one process (two
     processes per grid): 64 x 64, C = 192 (3 heads) 1.13 and 1.30x as fast, C = 384 (6 heads) 1.03 and 1.08x,
     48 x 48, C = 192 1.09 and 1.12x; a transposed form (a GEMM with W d rows, then a copy back to token order) came
     between the two. On a quiet spell of the machine all three were within 5 % of each other, and with one thread
     the blocks were no faster, so that case keeps the single GEMM."""
     _, H, W, h, d = v.shape
-    MW, HM = GW.shape[1], GH.shape[2]
+    HM = GH.shape[2]
     p = math.gcd(W, Y_COLUMN_BLOCKS)
     out = v.new_empty(1, H, W, h, d)
     for i in range(h):
-        T = torch.bmm(GW[i].expand(H, MW, W), v[0, :, :, i, :])  # (H, M W, d) = [k, m, j, e]
+        T = _x_axis(v[0, :, :, i, :], GW[i])  # (H, M W, d) = [k, m, j, e]
         r = torch.bmm(GH[i].expand(p, H, HM), T.view(HM, p, W * d // p).transpose(0, 1))  # (p, H, (W / p) d)
         out[0, :, :, i].view(H, p, W // p, d).copy_(r.view(p, H, W // p, d).transpose(0, 1))
     return out
@@ -261,11 +262,16 @@ def _kept(G: torch.Tensor, name: str, key, make: Callable[[], torch.Tensor]) -> 
     return made
 
 
+def _x_axis(vs, GW):
+    """One head's x-axis product: [G_W^1; ...; G_W^M] (M W, W) times every slab of vs (n, W, d) -> (n, M W, d)."""
+    return torch.bmm(GW.expand(vs.shape[0], *GW.shape), vs)
+
+
 def _stacked_head(vs, GW, GH, B):
     """One head: vs (B H, W, d) slabs -> (B, H, W d)."""
     BH, W, d = vs.shape
     H, HM = GH.shape
-    T = torch.bmm(GW.expand(BH, *GW.shape), vs)  # (B H, M W, d) = [b, k, m, j, e]
+    T = _x_axis(vs, GW)  # (B H, M W, d) = [b, k, m, j, e]
     return torch.bmm(GH.expand(B, H, HM), T.view(B, HM, W * d))
 
 
