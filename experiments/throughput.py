@@ -268,7 +268,7 @@ def flatten(results: list[dict]) -> list[dict]:
         if "results" in r:
             for sub in r["results"]:
                 out.append(dict(sub, wall_s=r.get("wall_s"), threads_used=r.get("threads_used"),
-                                solver=r.get("solver")))
+                                solver=r.get("solver"), machine=r.get("machine")))
         elif "mixers" in r["config"]:  # the row worker itself failed (timeout, killed): every mixer failed
             for m in r["config"]["mixers"]:
                 cfg = {k: v for k, v in r["config"].items() if k != "mixers"}
@@ -338,6 +338,7 @@ def analyse(results: list[dict]) -> dict:
         row["fraction_ci"] = _fraction_ci(ra.get("times_s"), rs.get("times_s"), mr) if sp else None
         row["tp_fraction_ci"] = _fraction_ci(_tp_times(ra), _tp_times(rs), mr) if tp_ok else None
         row["rounds"] = [len(rs.get("times_s") or []), len(_tp_times(rs) or [])]  # timed samples per mixer
+        row["other_load"] = other_share(rs.get("machine"))
         solver = (by.get("ssog") or {}).get("solver") or {}
         row["solver_s"] = solver.get("median_s") if solver.get("status", "ok") == "ok" else None
         row["solver_nfe"] = solver.get("nfe")
@@ -348,6 +349,12 @@ def analyse(results: list[dict]) -> dict:
         row["fraction_without_solver"] = row["speedup_without_solver"] / mr if ok and mr else None
         rows.append(row)
     return {"rows": rows}
+
+
+def other_share(machine: dict | None) -> float | None:
+    """The share of the machine's CPU time that went to other processes or to the hypervisor (steal) while a
+    row's worker ran (`bench.other_load`); None where it was not recorded."""
+    return None if not machine else machine["others"] + machine["steal"]
 
 
 def _tp_times(r: dict) -> list[float] | None:
@@ -372,6 +379,7 @@ def pool_target_rounds(rounds: list[dict]) -> dict:
     if bad is not None:
         return bad
     out = dict(done[0], rounds=len(done), round_times_s=[r["times_s"] for r in done],
+               round_machine=[r.get("machine") for r in done],
                median_s=statistics.median(r["median_s"] for r in done))
     if all(r.get("throughput") for r in done):
         out["throughput"] = dict(done[0]["throughput"], round_times_s=[r["throughput"]["times_s"] for r in done],
@@ -405,7 +413,8 @@ def target_rows(results: list[dict]) -> list[dict]:
         ok = s.get("status") == "ok" and a.get("status") == "ok"
         row = dict(grid=g, dim=dim, heads=heads, load=load, mac_ratio=mr, status=(s.get("status"), a.get("status")),
                    check_ok=all((x.get("check") or {}).get("ok", True) for x in (s, a)),
-                   checked=any("check" in x for x in (s, a)), rounds=s.get("rounds", 0) if ok else 0)
+                   checked=any("check" in x for x in (s, a)), rounds=s.get("rounds", 0) if ok else 0,
+                   round_other_load=[other_share(m) for m in s.get("round_machine", [])] if ok else [])
         for tag in ("b1", "tp"):
             rs_, ra_ = (s, a) if tag == "b1" else (s.get("throughput") or {}, a.get("throughput") or {})
             runs_s, runs_a = rs_.get("round_times_s"), ra_.get("round_times_s")
@@ -485,6 +494,17 @@ def _rounds(fracs) -> str:
     return f" {{{min(fracs):.2f}-{max(fracs):.2f}}}" if fracs else ""
 
 
+OTHER_LOAD_NOTED = 0.1  # a row process beside more than this share of other work is counted in section 0
+
+
+def _other_pct(shares, where: str = "") -> str:
+    """' (other load 12 %)' or ' (other load in its rounds 3/40/2 %)'; '' where nothing was recorded."""
+    shares = [x for x in shares or [] if x is not None]
+    if not shares:
+        return ""
+    return f" (other load{' ' + where if where else ''} " + "/".join(f"{100 * x:.0f}" for x in shares) + " %)"
+
+
 def _interval_note(items, target: float, label) -> tuple[str, dict]:
     """How many of the (value, interval, item) that meet `target` keep their whole 95 % interval at or above it, and
     which are on the line (the point meets it, the interval reaches below)."""
@@ -539,7 +559,8 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                      + ("holds in all " + str(len(quiet)) + " measurements" if not qmiss else
                         f"**missed in {len(qmiss)} of {len(quiet)}**: " + "; ".join(
                             f"{t['grid']}x{t['grid']} C={t['dim']} {t['load']} batch {t[tag + '_batch']}: "
-                            f"{t[tag + '_fraction']:.2f}" for t, tag in qmiss))
+                            f"{t[tag + '_fraction']:.2f}" + _other_pct(t.get("round_other_load"), "in its rounds")
+                            for t, tag in qmiss))
                      + f" (lowest {must['mixer_fraction_target']['min_fraction']:.2f}). With the busy core: "
                      + f"{len(fr) - len(quiet) - len([m for m in miss if m[0]['load'] == 'default threads, busy core'])}"
                      + f" of {len(fr) - len(quiet)} at >= 0.8.")
@@ -548,14 +569,15 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                                                     f"batch {x[0][x[1] + '_batch']}")
         lines[-1] += note
         must["mixer_fraction_target"].update(stats)
-        single = [(t, tag, f) for t, tag in quiet for f in (t.get(f"{tag}_round_fractions") or [])]
+        single = [(t, tag, f, (t.get("round_other_load") or [None] * (i + 1))[i]) for t, tag in quiet
+                  for i, f in enumerate(t.get(f"{tag}_round_fractions") or [])]
         if single:  # the rows' single rounds, said plainly: a round can miss where the row does not
-            low = [(t, tag, f) for t, tag, f in single if f < 0.8]
+            low = [(t, tag, f, o) for t, tag, f, o in single if f < 0.8]
             must["mixer_fraction_target"]["single_rounds"] = dict(rounds=len(single), below=len(low))
             lines[-1] += (f" Single rounds (of the {len(quiet)} measurements): {len(single) - len(low)} of "
                           f"{len(single)} at >= 0.8" + ("; below: " + "; ".join(
                               f"{t['grid']}x{t['grid']} C={t['dim']} {t['load']} batch {t[tag + '_batch']}: {f:.2f}"
-                              for t, tag, f in low) if low else "") + ".")
+                              + _other_pct([o]) for t, tag, f, o in low) if low else "") + ".")
         if any(t["checked"] for t in targets):
             bad = [t for t in targets if t["checked"] and not t["check_ok"]]
             lines.append("- Mixer outputs (float64, against the einsum reference path and explicit softmax): "
@@ -591,7 +613,7 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                          f"{r['width']} {r['resolution']} {r['variant']} {r['mode']} "
                          f"{'batch ' + str(r['throughput_batch']) if tag else 'batch 1'}: {val(r, tag):.2f}"
                          + (f" ({r['fraction_without_solver']:.2f} without the ODE solver's own work, section 2)"
-                            if not tag and r.get("fraction_without_solver") else "")
+                            if not tag and r.get("fraction_without_solver") else "") + _other_pct([r.get("other_load")])
                          for r, tag in miss))
                      + f" (lowest {must['model_fraction_target']['min_fraction']:.2f}).")
         ci = lambda r, tag: r.get("tp_fraction_ci") if tag else r.get("fraction_ci")
@@ -611,6 +633,17 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                             "**missed** in " + ", ".join(f"{r['width']} {r['variant']} {r['mode']} "
                                                          f"{'B' + str(r['throughput_batch']) if tag else 'B1'} "
                                                          f"({sp(r, tag):.2f}x)" for r, tag in slow)))
+    procs = [x for t in targets for x in t.get("round_other_load") or []] + [r.get("other_load") for r in rows]
+    procs = [x for x in procs if x is not None]
+    if procs:  # what else the machine did: the context of every number above
+        hi = sum(x > OTHER_LOAD_NOTED for x in procs)
+        must["other_load"] = dict(processes=len(procs), median=statistics.median(procs), max=max(procs), above=hi)
+        lines.append(f"- Other work on the machine while the rows ran (CPU time of processes other than the benchmark's, "
+                     f"plus time the hypervisor gave to other machines, as a share of all CPU time while a row's process "
+                     f"ran; `bench.other_load`): median {100 * statistics.median(procs):.0f} %, highest "
+                     f"{100 * max(procs):.0f} %, above {100 * OTHER_LOAD_NOTED:.0f} % in {hi} of {len(procs)} row "
+                     "processes. A number measured beside other work says less about the code than one measured "
+                     "without; the misses above carry theirs.")
     md += lines + [""] if lines else ["(no target rows in this run)", ""]
     if targets:
         md += ["## 1a. Mixer alone: SSoG (auto backend) against fused SDPA", "",
@@ -946,7 +979,10 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
            f"{FUSE_HEADS_TOKENS} tokens (batch x grid) all heads go in one GEMM per axis, and with more than one "
            f"thread and no autograd, up to {TRANSPOSED_MAX_TOKENS} tokens the "
            "x coordinate goes outermost and at batch 1 above that the y axis runs as a batch of GEMMs over blocks of "
-           f"whole x coordinates (at most {Y_COLUMN_BLOCKS}), layouts whose GEMMs split across the threads; on a CPU "
+           f"whole x coordinates (at most {Y_COLUMN_BLOCKS}), layouts whose GEMMs split across the threads (these "
+           "token thresholds and the block count were measured on a 2-core x86 CPU with MKL and torch 2.13 only; every "
+           "layout computes the same numbers, so on another CPU a threshold can only cost speed, and would want "
+           "measuring again); on a CPU "
            "each call runs at torch's "
            "thread count or on one thread, whichever the call's own timings show faster (the other setting "
            f"re-probed after {policy.probe_every} calls, the interval doubling up to {policy.max_period} calls while "

@@ -611,6 +611,45 @@ class BusyProcess:
         self.proc.wait()
 
 
+def cpu_times(path: str = "/proc/stat") -> dict | None:
+    """The machine's CPU time so far, summed over its CPUs, in seconds: {"total", "busy", "steal"} from the
+    first line of /proc/stat (busy = user + nice + system + irq + softirq; steal = time the hypervisor ran
+    something else while a virtual CPU wanted to run). None where the file is absent or not in that form."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu" or len(fields) < 9:
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    except (OSError, ValueError, IndexError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return dict(total=(user + nice + system + idle + iowait + irq + softirq + steal) / hz,
+                busy=(user + nice + system + irq + softirq) / hz, steal=steal / hz)
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for (the workers, the busy process)."""
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def other_load(before: dict | None, after: dict | None, own_s: float) -> dict | None:
+    """What else the machine did between two `cpu_times` readings, as shares of its CPU time over the interval
+    (number of CPUs x wall time): "others", CPU time of processes other than the benchmark's own (`own_s`: this
+    process, its worker and its busy process), and "steal", time taken by the hypervisor. The benchmark alone
+    gives 0 and 0 (up to the clock tick: /proc/stat counts in ticks of 1/100 s). None without /proc/stat."""
+    if before is None or after is None:
+        return None
+    total = after["total"] - before["total"]
+    if total <= 0:
+        return None
+    others = after["busy"] - before["busy"] - own_s
+    return dict(others=min(1.0, max(0.0, others / total)), steal=min(1.0, max(0.0, (after["steal"] - before["steal"]) / total)),
+                cpu_s=total)
+
+
 def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None = None) -> dict:
     """Run `measure(cfg)` in a fresh Python process and return its result dict.
 
@@ -634,7 +673,7 @@ def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None 
             import resource
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     cmd = [sys.executable, "-m", "lipcheck.bench", json.dumps(cfg)]
-    t0 = time.perf_counter()
+    t0, stat0, own0 = time.perf_counter(), cpu_times(), _own_cpu_s()
     busy = BusyProcess() if cfg.get("busy") else None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec)
@@ -645,16 +684,18 @@ def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None 
         if busy is not None:
             busy.stop()
     wall = time.perf_counter() - t0
+    machine = other_load(stat0, cpu_times(), _own_cpu_s() - own0)  # what else ran while the worker did
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             res = json.loads(line[len(RESULT_TAG):])
-            res["wall_s"] = wall
+            res["wall_s"], res["machine"] = wall, machine
             return res
     tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
     if proc.returncode in (-9, 137) or _is_oom(RuntimeError(proc.stderr)):
         return {"config": cfg, "status": "oom", "error": f"worker killed or out of memory (rc {proc.returncode}): {tail}",
-                "wall_s": wall}
-    return {"config": cfg, "status": "error", "error": f"worker exited {proc.returncode}: {tail}", "wall_s": wall}
+                "wall_s": wall, "machine": machine}
+    return {"config": cfg, "status": "error", "error": f"worker exited {proc.returncode}: {tail}", "wall_s": wall,
+            "machine": machine}
 
 
 def _worker_main(argv=None) -> int:

@@ -149,6 +149,48 @@ def test_worker_ok_and_out_of_memory_are_reported():
     assert oom["status"] == "oom", oom
 
 
+def test_other_load_from_two_readings_of_proc_stat(tmp_path):
+    """The shares against hand-counted ticks: 4 CPUs for 2 s at 100 ticks/s = 800 ticks, of which 330 busy
+    (user 100, nice 10, system 150, irq 20, softirq 50) and 40 stolen; 1.3 s of it our own, so 2.0 s others."""
+    hz = __import__("os").sysconf("SC_CLK_TCK")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("cpu  1000 0 500 8000 10 0 0 5 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    # deltas: user 100, nice 10, system 150, idle 420, iowait 10, irq 20, softirq 50, steal 40: 800 in all
+    b.write_text("cpu  1100 10 650 8420 20 20 50 45 0 0\n")
+    before, after = bench.cpu_times(str(a)), bench.cpu_times(str(b))
+    assert after["total"] - before["total"] == pytest.approx(800 / hz)
+    assert after["busy"] - before["busy"] == pytest.approx(330 / hz)
+    got = bench.other_load(before, after, own_s=130 / hz)
+    assert got["others"] == pytest.approx(200 / 800) and got["steal"] == pytest.approx(40 / 800)
+    assert got["cpu_s"] == pytest.approx(800 / hz)
+    assert bench.other_load(before, after, own_s=1e6)["others"] == 0.0  # more own time than busy time: clamped
+    assert bench.other_load(after, before, own_s=0.0) is None  # no time passed
+    assert bench.other_load(None, after, 0.0) is None and bench.cpu_times(str(tmp_path / "absent")) is None
+    (tmp_path / "c").write_text("intr 1 2 3\n")
+    assert bench.cpu_times(str(tmp_path / "c")) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
+def test_other_load_sees_a_process_that_is_not_the_benchmarks():
+    """A spinning process counts as other work until it is waited for, and then as the benchmark's own."""
+    import subprocess
+    import time
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before, own0 = bench.cpu_times(), bench._own_cpu_s()
+        time.sleep(1.5)
+        after, own_running = bench.cpu_times(), bench._own_cpu_s()
+    finally:
+        spin.kill()
+        spin.wait()
+    own_waited = bench._own_cpu_s()
+    share = 1 / __import__("os").cpu_count()  # the spinner holds one CPU
+    others = bench.other_load(before, after, own_running - own0)["others"]
+    assert others >= 0.6 * share
+    assert bench.other_load(before, after, own_waited - own0)["others"] <= others - 0.5 * share
+
+
 def test_unknown_mixer_in_a_configuration_is_an_error_result():
     res = bench.measure(dict(kind="mixer", mixer="linear", grid=2, dim=4, num_heads=1))
     assert res["status"] == "error" and "unknown mixer" in res["error"]
@@ -323,7 +365,9 @@ def test_target_rows_combine_their_rounds():
         if status != "ok":
             return {"config": cfg, "status": status}
         return {"config": cfg, "status": "ok", "median_s": float(np.median(times)), "times_s": times,
-                "throughput": dict(batch=8, median_s=8 * float(np.median(times)), times_s=[8 * t for t in times])}
+                "throughput": dict(batch=8, median_s=8 * float(np.median(times)), times_s=[8 * t for t in times]),
+                "machine": machine[rnd]}
+    machine = {0: dict(others=0.0, steal=0.0), 1: dict(others=0.3, steal=0.1), 2: dict(others=0.05, steal=0.0)}
     # Round speeds differ (the machine): SSoG 1, 4, 2 s and SDPA 2.2, 8.4, 3.2 s, so the single-round speed-ups are
     # 2.2, 2.1 and 1.6, their median 2.1 (their mean 1.97); the medians of the time columns (2 s, 3.2 s) give 1.6
     rounds = [(0, 1.0, 2.2), (1, 4.0, 8.4), (2, 2.0, 3.2)]
@@ -345,6 +389,11 @@ def test_target_rows_combine_their_rounds():
     assert must["mixer_fraction_target"]["single_rounds"] == dict(rounds=6, below=2 * sum(
         f / mr < 0.8 for f in (2.2, 2.1, 1.6)))
     assert "3 round(s)" in md
+    # what else ran in each round (bench.other_load): kept per round, beside the round that fell below 0.8
+    assert row["round_other_load"] == pytest.approx([0.0, 0.4, 0.05])
+    assert f"batch 1: {1.6 / mr:.2f} (other load 5 %)" in md
+    assert must["other_load"] == dict(processes=3, median=pytest.approx(0.05), max=pytest.approx(0.4), above=1)
+    assert "median 5 %, highest 40 %, above 10 % in 1 of 3 row processes" in md
     failed = [r for r in results if r["config"].get("round") != 1] + [result("ssog", 1, None, "timeout"),
                                                                      result("sdpa", 1, [1.0] * 3)]
     (row,) = throughput.target_rows(failed)
