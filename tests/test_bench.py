@@ -164,10 +164,22 @@ def test_other_load_from_two_readings_of_proc_stat(tmp_path):
     assert got["others"] == pytest.approx(200 / 800) and got["steal"] == pytest.approx(40 / 800)
     assert got["cpu_s"] == pytest.approx(800 / hz)
     assert bench.other_load(before, after, own_s=1e6)["others"] == 0.0  # more own time than busy time: clamped
-    assert bench.other_load(after, before, own_s=0.0) is None  # no time passed
+    assert bench.other_load(after, before, own_s=0.0) is None  # time ran backwards
+    assert bench.other_load(after, after, own_s=0.0) is None  # no time passed: no share to form
     assert bench.other_load(None, after, 0.0) is None and bench.cpu_times(str(tmp_path / "absent")) is None
     (tmp_path / "c").write_text("intr 1 2 3\n")
     assert bench.cpu_times(str(tmp_path / "c")) is None
+
+
+def test_each_mixer_of_a_row_keeps_its_workers_machine_record():
+    """A row worker's result holds both mixers; unpacked per mixer, each keeps the record of the process both ran in."""
+    machine = dict(others=0.25, steal=0.05, cpu_s=40.0)
+    worker = {"config": dict(kind="model", mixers=["ssog", "sdpa"]), "status": "ok", "wall_s": 20.0, "machine": machine,
+              "results": [{"config": dict(kind="model", mixer=m), "status": "ok"} for m in ("ssog", "sdpa")]}
+    out = throughput.flatten([worker])
+    assert [r["config"]["mixer"] for r in out] == ["ssog", "sdpa"]
+    assert all(r["machine"] == machine for r in out)
+    assert throughput.other_share(out[0]["machine"]) == pytest.approx(0.30) and throughput.other_share(None) is None
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
