@@ -21,6 +21,7 @@ Section 0 of the report lists every target with its measured number; a missed ta
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -569,8 +570,8 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                                                     f"batch {x[0][x[1] + '_batch']}")
         lines[-1] += note
         must["mixer_fraction_target"].update(stats)
-        single = [(t, tag, f, (t.get("round_other_load") or [None] * (i + 1))[i]) for t, tag in quiet
-                  for i, f in enumerate(t.get(f"{tag}_round_fractions") or [])]
+        single = [(t, tag, f, o) for t, tag in quiet  # each round's fraction with that round's other load
+                  for f, o in zip(t.get(f"{tag}_round_fractions") or [], t.get("round_other_load") or itertools.repeat(None))]
         if single:  # the rows' single rounds, said plainly: a round can miss where the row does not
             low = [(t, tag, f, o) for t, tag, f, o in single if f < 0.8]
             must["mixer_fraction_target"]["single_rounds"] = dict(rounds=len(single), below=len(low))
@@ -635,6 +636,7 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                                                          f"({sp(r, tag):.2f}x)" for r, tag in slow)))
     procs = [x for t in targets for x in t.get("round_other_load") or []] + [r.get("other_load") for r in rows]
     procs = [x for x in procs if x is not None]
+    annotated = "(other load" in "".join(lines)
     if procs:  # what else the machine did: the context of every number above
         hi = sum(x > OTHER_LOAD_NOTED for x in procs)
         must["other_load"] = dict(processes=len(procs), median=statistics.median(procs), max=max(procs), above=hi)
@@ -643,7 +645,7 @@ def _targets_md(targets: list[dict], rows: list[dict], must: dict) -> list[str]:
                      f"ran; `bench.other_load`): median {100 * statistics.median(procs):.0f} %, highest "
                      f"{100 * max(procs):.0f} %, above {100 * OTHER_LOAD_NOTED:.0f} % in {hi} of {len(procs)} row "
                      "processes. A number measured beside other work says less about the code than one measured "
-                     "without; the misses above carry theirs.")
+                     "without" + ("; each number below its line above carries its own." if annotated else "."))
     md += lines + [""] if lines else ["(no target rows in this run)", ""]
     if targets:
         md += ["## 1a. Mixer alone: SSoG (auto backend) against fused SDPA", "",

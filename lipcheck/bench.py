@@ -629,8 +629,12 @@ def cpu_times(path: str = "/proc/stat") -> dict | None:
 
 
 def _own_cpu_s() -> float:
-    """CPU seconds of this process and of its children that have been waited for (the workers, the busy process)."""
-    import resource
+    """CPU seconds of this process and of its children that have been waited for (the workers, the busy process);
+    0 where the platform has no `resource` module (there is no /proc/stat either, so no share is formed)."""
+    try:
+        import resource
+    except ImportError:
+        return 0.0
     return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                                    resource.getrusage(resource.RUSAGE_CHILDREN)))
 

@@ -406,6 +406,11 @@ def test_target_rows_combine_their_rounds():
     assert f"batch 1: {1.6 / mr:.2f} (other load 5 %)" in md
     assert must["other_load"] == dict(processes=3, median=pytest.approx(0.05), max=pytest.approx(0.4), above=1)
     assert "median 5 %, highest 40 %, above 10 % in 1 of 3 row processes" in md
+    assert "row processes. A number measured beside other work says less about the code than one measured without; " \
+           "each number below its line above carries its own." in md
+    quiet = dict(row, round_other_load=[0.0, 0.4, 0.05], b1_round_fractions=[0.9] * 3, tp_round_fractions=[0.9] * 3)
+    md, _ = throughput.render([], "", [], {}, "cpu: test", throughput.parse(["--quick"]), 1, 60.0, targets=[quiet])
+    assert "(other load" not in md and "one measured without." in md  # nothing below its line: no such sentence
     failed = [r for r in results if r["config"].get("round") != 1] + [result("ssog", 1, None, "timeout"),
                                                                      result("sdpa", 1, [1.0] * 3)]
     (row,) = throughput.target_rows(failed)
