@@ -312,11 +312,64 @@ def test_batched_kernel_refresh_equals_layer_by_layer(variant, backend, monkeypa
             assert torch.allclose(a[n], b[n], rtol=1e-10, atol=1e-12), n
 
 
+def test_prepared_factors_are_served_only_for_the_parameters_they_were_made_from():
+    """Inside `prepared_kernels` a training layer mixes with the factors made on entry only while its kernel
+    parameters are the same tensors at the same versions: after an in-place edit (with autograd on or off) or a
+    swapped parameter, its output is the dense operator of its current kernels (built in the test); on leaving
+    the block nothing of them is left on the layer."""
+    from lipcheck.mixers.ssog import SSoG, prepared_kernels
+
+    torch.manual_seed(5)
+    H, W, C, h = 5, 4, 6, 2
+    layers = [SSoG(C, h, 3, backend="stacked", dtype=torch.float64) for _ in range(2)]
+    v = torch.randn(2, H, W, h, C // h, dtype=torch.float64)
+
+    def dense(layer):  # sum_m alpha_m G_H^m v G_W^m^T per head, from gaussian.kernel
+        a, m, s = (t.detach() for t in layer.gaussian_params())
+        out = torch.zeros_like(v)
+        for i in range(h):
+            for c in range(a.shape[1]):
+                ky = torch.arange(H, dtype=torch.float64)
+                kx = torch.arange(W, dtype=torch.float64)
+                GH = lipcheck.gaussian.kernel(ky[:, None] - ky[None, :], m[i, c, 0], s[i, c, 0])
+                GW = lipcheck.gaussian.kernel(kx[:, None] - kx[None, :], m[i, c, 1], s[i, c, 1])
+                out[..., i, :] += a[i, c] * torch.einsum("ik,bkle,jl->bije", GH, v[..., i, :], GW)
+        return out
+
+    with prepared_kernels(layers, H, W):
+        assert all("_live" in layer.__dict__ for layer in layers)
+        y = layers[0].mix_values(v)
+        assert y.requires_grad and torch.allclose(y, dense(layers[0]), rtol=1e-12, atol=1e-14)
+        v2 = torch.randn(1, H + 1, W, h, C // h, dtype=torch.float64)  # another grid: made afresh
+        ref = SSoG(C, h, 3, backend="stacked", dtype=torch.float64)
+        ref.load_state_dict(layers[0].state_dict())
+        assert torch.allclose(layers[0].mix_values(v2), ref.mix_values(v2), rtol=1e-12, atol=1e-14)
+        with torch.no_grad():
+            layers[0].mu.add_(0.25)  # in place: a new version
+        assert torch.allclose(layers[0].mix_values(v), dense(layers[0]), rtol=1e-12, atol=1e-14)
+        swapped = torch.nn.Parameter(layers[1].sigma_raw.detach() + 0.5)  # another tensor at the same version
+        with torch.no_grad():
+            while swapped._version < layers[1].sigma_raw._version:
+                swapped.add_(0.0)
+        assert swapped._version == layers[1].sigma_raw._version
+        layers[1].sigma_raw = swapped
+        assert torch.allclose(layers[1].mix_values(v), dense(layers[1]), rtol=1e-12, atol=1e-14)
+    with prepared_kernels(layers, H, W):
+        with torch.no_grad():
+            y = layers[0].mix_values(v)
+        assert not y.requires_grad and torch.allclose(y, dense(layers[0]), rtol=1e-12, atol=1e-14)
+        with torch.no_grad():
+            layers[0].alpha.mul_(2.0)
+        assert torch.allclose(layers[0].mix_values(v), dense(layers[0]), rtol=1e-12, atol=1e-14)
+    assert not any("_live" in layer.__dict__ for layer in layers)
+
+
 def test_batched_kernel_refresh_refuses_an_unrepresentable_block():
     """One block's kernel that float16 cannot carry is refused by the batched check as by the layer's own."""
     m = ViT("discrete", "ssog", img_size=16, patch_size=4, dim=8, depth=2, num_heads=2, num_classes=3,
-            dtype=torch.float16)
+            ssog_backend="stacked", dtype=torch.float16)
     with torch.no_grad():
         m.blocks[1].mixer.sigma_raw.fill_(-30.0)  # sigma = 1e-3 + softplus(-30): 2 sigma^2 below float16's normals
-        with pytest.raises(ValueError, match="not representable"):
+    for grad in (False, True):  # inference: the kernel caches; training: the factors made from the parameters
+        with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="not representable"):
             m(torch.randn(1, 3, 16, 16, dtype=torch.float16))

@@ -644,35 +644,47 @@ def _needs_taps(entry: dict, tap_grad: bool) -> bool:
     return entry["taps"] is None or (tap_grad and entry["dlog"] is None)
 
 
-def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
-    """Taps (and, for tap_grad, their log-derivatives) of every (entry, mu, sigma) in `items` from one
-    evaluation of the kernel series over the concatenated parameters: the evaluation is a few hundred
-    small operations whatever its size, so a dozen layers cost about what one does."""
+def _tap_bank(H: int, W: int, mu: torch.Tensor, sigma: torch.Tensor, tap_grad: bool) -> tuple:
+    """(taps, d log g / d mu, d log g / d sigma) of the (h, M, 2) kernels on an H x W grid, flushed below
+    `tap_floor`, from one evaluation of the kernel series (the log-derivatives None unless tap_grad): the
+    evaluation is a few hundred small operations whatever its size, so a dozen layers' kernels concatenated
+    cost about what one layer's do."""
     with torch.no_grad():
-        mus = [m for _, m, _ in items]
-        out = gaussian.lattice_taps(max(H, W) - 1, _cat(mus), _cat([s for _, _, s in items]), derivatives=tap_grad)
-        g, dlog = (out[0], out[1:]) if tap_grad else (out, ())
-        sizes = [m.shape[0] for m in mus]
-        parts = [_flush(g, tap_floor(max(H, W), g.dtype)).split(sizes), *(d.split(sizes) for d in dlog)]
-        for n, (entry, _, _) in enumerate(items):
-            entry["taps"] = parts[0][n]
-            if tap_grad:
-                entry["dlog"] = (parts[1][n], parts[2][n])
+        out = gaussian.lattice_taps(max(H, W) - 1, mu, sigma, derivatives=tap_grad)
+        g, dlog = (out[0], out[1:]) if tap_grad else (out, (None, None))
+        return (_flush(g, tap_floor(max(H, W), g.dtype)), *dlog)
+
+
+def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
+    """Taps (and, for tap_grad, their log-derivatives) of every (entry, mu, sigma) in `items`, from one
+    `_tap_bank` over the concatenated parameters."""
+    mus = [m for _, m, _ in items]
+    taps, d_mu, d_sigma = _tap_bank(H, W, _cat(mus), _cat([s for _, _, s in items]), tap_grad)
+    sizes = [m.shape[0] for m in mus]
+    for n, (entry, _, _) in enumerate(items):
+        entry["taps"] = taps.split(sizes)[n]
+        if tap_grad:
+            entry["dlog"] = (d_mu.split(sizes)[n], d_sigma.split(sizes)[n])
 
 
 @contextlib.contextmanager
 def prepared_kernels(layers, H: int, W: int):
-    """Within the block: the kernel caches of several SSoG layers brought up to date for an H x W grid
-    with one evaluation of the kernel series (and one representability check) for all whose parameters
-    changed, and, under autograd, their stacked factors made once, from one autograd node
-    (`_StackedFactors`), for every use inside the block (a looped or ODE model applies its layer a
-    dozen times per forward).
+    """Within the block: the kernels of several SSoG layers made ready for an H x W grid with one evaluation
+    of the kernel series and one representability check for all of them.
+
+    - Layers whose kernels train (autograd on, stacked backend): their factors, from one autograd node
+      (`_StackedFactors`) for all of them, straight from the current parameters, for every use inside the
+      block (a looped or ODE model applies its layer a dozen times per forward). Nothing of them is cached
+      across blocks: a training step changes every kernel, so a cache would only be written, never served,
+      and its bookkeeping (snapshots, comparisons, entries) cost a sixth of the kernels' evaluation.
+    - Other layers (inference, frozen kernels, other backends): their kernel caches brought up to date.
 
     A training step changes every layer's kernels; evaluated layer by layer the series costs a few
     hundred small operations per layer, about as much as the layer's mixing at 224x224. The ViT wraps
     its blocks in this once per forward. Every number is the same as layer by layer; layers inside
-    torch.func transforms are left alone. On leaving the block the shared factors are dropped, so no
-    later use (after a backward has freed their graph) can reach them.
+    torch.func transforms are left alone. On leaving the block the factors are dropped, so no later use
+    (after a backward has freed their graph) can reach them; inside it a layer serves them only while its
+    kernel parameters are the same tensors at the same versions (`SSoG._live_factors`).
     """
     layers = list(layers)
     _refresh(layers, H, W)
@@ -680,21 +692,27 @@ def prepared_kernels(layers, H: int, W: int):
         yield
     finally:
         for layer in layers:
-            for entry in layer._cache().values():
-                entry.pop("live", None)
+            layer.__dict__.pop("_live", None)
+
+
+def _versions(ps: tuple) -> tuple:
+    return ps[0]._version, ps[1]._version, ps[2]._version
 
 
 def _refresh(layers, H: int, W: int) -> None:
     groups: dict = {}
-    graphed = []
+    banks: dict = {}
     for layer in layers:
         key = layer._cache_key(H, W)
         if key is None:
             continue
         graph, tap_grad = layer._grad_needs()
+        if graph and layer._choose_backend(H, W) == "stacked":
+            ps = layer._kernel_params()
+            bk = (tuple(ps[1].shape[1:]), ps[1].dtype, ps[1].device, tuple(p.requires_grad for p in ps))
+            banks.setdefault(bk, []).append(layer)
+            continue
         entry = layer._cache().get(key)
-        if graph:
-            graphed.append((layer, key))
         if not layer._is_current(entry):
             entry = None
         elif not _needs_taps(entry, tap_grad):
@@ -710,22 +728,16 @@ def _refresh(layers, H: int, W: int) -> None:
         items = [(entry if entry is not None else layer._new_entry(key, H, W, alpha, mu, sigma, checked=True),
                   mu, sigma) for layer, key, entry, alpha, mu, sigma in todo]
         _fill_taps(items, H, W, tap_grad)
-    banks: dict = {}
-    for layer, key in graphed:
-        entry = layer._cache()[key]
-        if entry["backend"] == "stacked":
-            ps = (layer.alpha, layer.mu, layer.sigma_raw)
-            bk = (tuple(layer.mu.shape[1:]), layer.mu.dtype, layer.mu.device, tuple(p.requires_grad for p in ps))
-            banks.setdefault(bk, []).append((layer, entry))
-    for (*_, need), members in banks.items():
-        tap_grad = need[1] or need[2]
-        dlog = [_cat([e["dlog"][i] for _, e in members]) for i in (0, 1)] if tap_grad else (None, None)
-        GW, GH = _StackedFactors.apply(H, W, *(_cat([getattr(l, n) for l, _ in members])
-                                               for n in ("alpha", "mu", "sigma_raw")),
-                                       _cat([e["taps"] for _, e in members]), *dlog)
-        sizes = [l.num_heads for l, _ in members]
-        for (_, e), gw, gh in zip(members, GW.split(sizes), GH.split(sizes)):
-            e["live"] = (gw, gh)
+    for (_, dtype, _, need), members in banks.items():
+        params = [layer._kernel_params() for layer in members]
+        alpha, mu, sigma_raw = (_cat([ps[i] for ps in params]) for i in range(3))
+        sigma = _effective_sigma(sigma_raw.detach())  # elementwise: the same numbers as layer by layer
+        gaussian.check_representable(mu.detach(), sigma, dtype, name="SSoG kernel")
+        taps, d_mu, d_sigma = _tap_bank(H, W, mu.detach(), sigma, need[1] or need[2])
+        GW, GH = _StackedFactors.apply(H, W, alpha, mu, sigma_raw, taps, d_mu, d_sigma)
+        sizes = [layer.num_heads for layer in members]
+        for layer, ps, gw, gh in zip(members, params, GW.split(sizes), GH.split(sizes)):
+            layer.__dict__["_live"] = ((H, W), ps, _versions(ps), gw, gh)
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -860,6 +872,9 @@ class SSoG(nn.Module):
         """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with the kernels of the cache:
         the backend chosen (for backend='auto'), kernels the dtype cannot carry refused."""
         H, W = v.shape[1], v.shape[2]
+        live = self._live_factors(H, W)
+        if live is not None:  # training inside prepared_kernels: this forward's factors
+            return _apply_stacked(v, *live)
         ps = self._kernel_params()
         key = self._cache_key(H, W, ps)
         graph, tap_grad = self._grad_needs(ps)
@@ -882,17 +897,27 @@ class SSoG(nn.Module):
                     entry["factors"] = prepare(H, W, alpha, mu, sigma, *_split_taps(H, W, taps))
             return apply(v, *entry["factors"])
         dlog = entry["dlog"] if tap_grad else (None, None)
-        if backend == "stacked":  # training's usual path: factors from one node with a closed-form backward
-            live = entry.get("live")  # made for this forward by prepared_kernels
-            if live is None:
-                live = _StackedFactors.apply(H, W, self.alpha, self.mu, self.sigma_raw, taps, *dlog)
-            return apply(v, *live)
+        if backend == "stacked":  # factors from one node with a closed-form backward
+            return apply(v, *_StackedFactors.apply(H, W, *ps, taps, *dlog))
         # Other backends: the factors are assembled from the cached taps on every forward (a few cheap
         # operations, differentiated by autograd; alpha enters here), the taps' own gradient comes
         # from _TapGrad in closed form.
         if tap_grad:
             taps = _TapGrad.apply(self.mu, self.sigma_raw, taps, *dlog)
         return apply(v, *prepare(H, W, alpha, mu.detach(), sigma.detach(), *_split_taps(H, W, taps)))
+
+    def _live_factors(self, H: int, W: int):
+        """The stacked factors `prepared_kernels` made for this forward, if they are for an H x W grid, no
+        torch.func transform is active, and the kernel parameters are the tensors they were made from at the
+        same versions (any in-place write since, an optimizer step or copy_, bumps a version); else None."""
+        live = self.__dict__.get("_live")
+        if live is None or live[0] != (H, W) or (_FUNCTORCH and _PEEK_STACK() is not None):
+            return None
+        ps = self._kernel_params()
+        made = live[1]
+        if made[0] is not ps[0] or made[1] is not ps[1] or made[2] is not ps[2] or live[2] != _versions(ps):
+            return None
+        return live[3], live[4]
 
     def _cache(self) -> dict:
         return self.__dict__.setdefault("_kernel_cache", {})
@@ -924,7 +949,9 @@ class SSoG(nn.Module):
                                   backend=backend, taps=None, dlog=None, factors=None)
         return entry
 
-    def _choose_backend(self, H, W, alpha, mu, sigma) -> str:
+    def _choose_backend(self, H, W, alpha=None, mu=None, sigma=None) -> str:
+        """The backend for an H x W grid: self.backend, or for "auto" the cost model's choice on the kernels
+        (alpha, mu, sigma), by default the layer's own."""
         if self.backend != "auto":
             return self.backend
         # The choice changes speed only (every backend is exact to float rounding), so it is
@@ -932,6 +959,9 @@ class SSoG(nn.Module):
         choices = self.__dict__.setdefault("_backend_choice", {})
         backend, uses = choices.get((H, W), (None, 0))
         if backend is None or uses >= CHOICE_REFRESH:
+            if alpha is None:
+                with torch.no_grad():
+                    alpha, mu, sigma = self.gaussian_params()
             backend, uses = choose_backend(H, W, alpha, mu, sigma), 0
         choices[(H, W)] = (backend, uses + 1)
         return backend
@@ -950,6 +980,7 @@ class SSoG(nn.Module):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_kernel_cache"] = {}
+        state.pop("_live", None)
         return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
