@@ -676,7 +676,8 @@ def prepared_kernels(layers, H: int, W: int):
       (`_StackedFactors`) for all of them, straight from the current parameters, for every use inside the
       block (a looped or ODE model applies its layer a dozen times per forward). Nothing of them is cached
       across blocks: a training step changes every kernel, so a cache would only be written, never served,
-      and its bookkeeping (snapshots, comparisons, entries) cost a sixth of the kernels' evaluation.
+      and its bookkeeping (snapshots, comparisons, entries) cost a quarter of the refresh (measured for 12
+      layers at 14x14 tokens: 0.5 of 2.3 ms).
     - Other layers (inference, frozen kernels, other backends): their kernel caches brought up to date.
 
     A training step changes every layer's kernels; evaluated layer by layer the series costs a few
@@ -869,8 +870,9 @@ class SSoG(nn.Module):
         self.__dict__["_kernel_cache"] = {}
 
     def mix_values(self, v: torch.Tensor) -> torch.Tensor:
-        """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with the kernels of the cache:
-        the backend chosen (for backend='auto'), kernels the dtype cannot carry refused."""
+        """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with this forward's factors inside
+        `prepared_kernels`, else with the kernels of the cache: the backend chosen (for backend='auto'), kernels
+        the dtype cannot carry refused."""
         H, W = v.shape[1], v.shape[2]
         live = self._live_factors(H, W)
         if live is not None:  # training inside prepared_kernels: this forward's factors
