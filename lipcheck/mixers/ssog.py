@@ -661,10 +661,11 @@ def _fill_taps(items, H: int, W: int, tap_grad: bool) -> None:
     mus = [m for _, m, _ in items]
     taps, d_mu, d_sigma = _tap_bank(H, W, _cat(mus), _cat([s for _, _, s in items]), tap_grad)
     sizes = [m.shape[0] for m in mus]
-    for n, (entry, _, _) in enumerate(items):
-        entry["taps"] = taps.split(sizes)[n]
+    parts = zip(taps.split(sizes), *((d_mu.split(sizes), d_sigma.split(sizes)) if tap_grad else ()))
+    for (entry, _, _), (t, *dlog) in zip(items, parts):
+        entry["taps"] = t
         if tap_grad:
-            entry["dlog"] = (d_mu.split(sizes)[n], d_sigma.split(sizes)[n])
+            entry["dlog"] = tuple(dlog)
 
 
 @contextlib.contextmanager
