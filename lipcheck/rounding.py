@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from .threads import limited
+
 
 def unit_roundoff(dtype) -> float:
     """u = eps / 2: |fl(x op y) - x op y| <= u |x op y| for round-to-nearest in `dtype`."""
@@ -95,10 +97,11 @@ def _cholesky_completes(A: torch.Tensor) -> torch.Tensor:
     n = A.shape[-1]
     flat = A.reshape(-1, n, n)
     ok = torch.empty(flat.shape[0], dtype=torch.bool)
-    for i in range(flat.shape[0]):
-        # the row-major lower triangle is the column-major upper one: A^T as a Fortran array, upper
-        _, info = potrf(flat[i].numpy().T, lower=0, clean=0, overwrite_a=1)
-        ok[i] = info == 0
+    with limited():  # scipy's OpenBLAS on torch's thread count, not its own pool of one thread per core
+        for i in range(flat.shape[0]):
+            # the row-major lower triangle is the column-major upper one: A^T as a Fortran array, upper
+            _, info = potrf(flat[i].numpy().T, lower=0, clean=0, overwrite_a=1)
+            ok[i] = info == 0
     return ok.reshape(A.shape[:-2])
 
 

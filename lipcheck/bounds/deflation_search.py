@@ -12,8 +12,10 @@ import numpy as np
 import torch
 
 from . import spectral as sp
+from ..threads import limited
 
 
+@limited()  # numpy's and scipy's BLAS on torch's thread count
 def top_eigenvalue(matvec, n: int, v0) -> tuple[float, "np.ndarray"]:
     """(lambda_max, its eigenvector) of a symmetric operator given by matvec, by Lanczos from v0 (an estimate to
     choose parameters; never part of a bound)."""
@@ -26,6 +28,7 @@ def top_eigenvalue(matvec, n: int, v0) -> tuple[float, "np.ndarray"]:
     return float(w[0]), V[:, 0]
 
 
+@limited()  # numpy's and scipy's BLAS on torch's thread count
 def krylov_basis(apply, n: int, blocks: int, width: int, seed: int):
     """Orthonormal basis (n, <= blocks * width) of a block Krylov space of the symmetric operator `apply` (acting on
     n x width arrays) from a seeded random block: where the top eigenvectors of nearby operators live."""
@@ -40,6 +43,7 @@ def krylov_basis(apply, n: int, blocks: int, width: int, seed: int):
     return np.concatenate(basis, 1)
 
 
+@limited()  # numpy's and scipy's BLAS on torch's thread count
 def choose_parameters(A: torch.Tensor, GC: torch.Tensor, GB: torch.Tensor, delta: float,
                       gb_err: float = 0.0) -> tuple[float, float]:
     """(eps, sigma) for Theorem D3 from eigenvalue estimates (any eps > 0 and sigma > lambda_max(GB) give a valid
@@ -120,6 +124,7 @@ def choose_parameters(A: torch.Tensor, GC: torch.Tensor, GB: torch.Tensor, delta
     return eps, best_sigma(eps, phi_full, start=cache[t][1])[1]
 
 
+@limited()  # numpy's and scipy's BLAS on torch's thread count
 def choose_gram_shift(M11: torch.Tensor, X: torch.Tensor, m22: float, *, tol: float = 1e-12,
                       steps: int = 40) -> tuple[float, float]:
     """(g, lambda_max(M11 + X / g)) for Theorem D4: tau = max(lambda(g), m22 + g), lambda(g) = lambda_max(M11 + X / g)

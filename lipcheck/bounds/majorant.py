@@ -294,7 +294,9 @@ def _top_eigen(t: torch.Tensor, H: int, W: int, v0: torch.Tensor | None, steps: 
             return float(ev[-1 - target]), evec[:, -1 - target]
         import numpy as np
         from scipy.sparse.linalg import eigsh
-        w, V = eigsh(dense_toeplitz(t, H, W).cpu().numpy(), k=target + 1, which="LA", v0=np.ones(N))
+        from ..threads import limited
+        with limited():  # scipy's BLAS on lipcheck's thread count
+            w, V = eigsh(dense_toeplitz(t, H, W).cpu().numpy(), k=target + 1, which="LA", v0=np.ones(N))
         j = int(np.argsort(w)[0])
         return float(w[j]), torch.as_tensor(V[:, j].copy(), dtype=t.dtype, device=t.device)
     if N <= 1024:
