@@ -1,39 +1,32 @@
-"""`lipcheck` command line: one subcommand per capability, each a thin call into experiments/*.py."""
+"""`lipcheck` command line: one argparse tree, one subcommand per capability, each a thin call into
+lipcheck/commands/ (the same functions experiments/*.py run). Works from an installed wheel, anywhere."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import sys
-from pathlib import Path
 
-from .report import DOCS, REPORTS, ROOT
+from .report import docs_dir
 
-# subcommand -> (experiment script in experiments/, report it writes)
-EXPERIMENTS = {
-    "wellposed": ("divergence", "divergence"),
-    "certify": ("lipschitz", "lipschitz"),
-    "probe": ("attention_growth", "attention_growth"),
-    "bench": ("throughput", "throughput"),
-    "train": ("train", "training"),
-    "trained": ("trained", "trained"),  # the three verdicts on models `lipcheck train` wrote
+# subcommand -> (module in lipcheck.commands, the report it writes, what it does)
+COMMANDS = {
+    "certify": ("lipschitz", "lipschitz", "certified bounds lower <= Lip(SSoG) <= upper (S1-S3)"),
+    "probe": ("attention_growth", "attention_growth", "dense attention's Lipschitz growth, certified lower bounds (S4)"),
+    "wellposed": ("divergence", "divergence", "Picard-Lindelof on the ODE ViT: proven enclosures, sweeps, Gronwall (S5)"),
+    "exactness": ("exactness", "exactness", "every certified upper bound beside the exact norm at ViT grids"),
+    "bench": ("throughput", "throughput", "throughput and peak memory against dense attention"),
+    "train": ("train", "training", "train a model (or the matched SSoG / attention comparison on digits)"),
+    "trained": ("trained", "trained", "the three verdicts on the digits models `lipcheck train` wrote"),
 }
 
 
-def load_experiment(script: str):
-    path = ROOT / "experiments" / f"{script}.py"
-    if not path.exists():
-        raise SystemExit(f"lipcheck: {path} not found. The experiments live in the source checkout: "
-                         f"install with `pip install -e .` from a clone of the repository.")
-    spec = importlib.util.spec_from_file_location(f"lipcheck_experiment_{script}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def command_module(name: str):
+    return importlib.import_module(f".commands.{COMMANDS[name][0]}", __package__)
 
 
-def info(argv=None) -> int:
+def info(args, parser) -> int:
     """Parameter counts for every preset x variant x mixer (built on the meta device: no memory)."""
     from .models.vit import PRESETS, VARIANTS, vit_from_preset
-    argparse.ArgumentParser(prog="lipcheck info", description=info.__doc__).parse_args(argv)
     print(f"{'preset':6} {'variant':9} {'ssog':>12} {'attention':>12} {'saved':>8}")
     for preset in PRESETS:
         for variant in VARIANTS:
@@ -45,47 +38,52 @@ def info(argv=None) -> int:
     return 0
 
 
-def report(argv=None) -> int:
-    """Regenerate every report that exists in docs/ by rerunning its experiment with default settings."""
-    p = argparse.ArgumentParser(prog="lipcheck report", description=report.__doc__)
-    p.add_argument("--quick", action="store_true", help="pass --quick to every experiment")
-    p.add_argument("--all", action="store_true", help="also run experiments whose report does not exist yet")
-    args = p.parse_args(argv)
+def report(args, parser) -> int:
+    """Regenerate every report that exists in docs/ by rerunning its command with default settings."""
+    docs = docs_dir(args.docs)
     ran = 0
-    for cmd, (script, name) in EXPERIMENTS.items():
-        if not (args.all or (DOCS / f"{name}.md").exists()):
+    for cmd, (_, name, _) in COMMANDS.items():
+        if not (args.all or (docs / f"{name}.md").exists()):
             continue
-        if not (ROOT / "experiments" / f"{script}.py").exists():
-            continue
-        print(f"== lipcheck {cmd} ({'experiments/' + script + '.py'}) -> docs/{name}.md", flush=True)
-        load_experiment(script).main(["--quick"] if args.quick else [])
+        print(f"== lipcheck {cmd} -> {docs / (name + '.md')}", flush=True)
+        argv = (["--quick"] if args.quick else []) + (["--docs", str(args.docs)] if args.docs else [])
+        command_module(cmd).main(argv)
         ran += 1
     from .report import write_index
-    write_index()
-    print(f"regenerated {ran} report(s); index at {DOCS / 'index.md'}")
+    target = docs_dir(args.docs, quick=args.quick)
+    write_index(target)
+    print(f"regenerated {ran} report(s); index at {target / 'index.md'}")
     return 0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lipcheck", description="lipcheck: certified Lipschitz bounds, attention growth "
+                                "probes and Picard-Lindelof proofs for SSoG vision transformers. `lipcheck <command> "
+                                "--help` for a command's options.")
+    sub = p.add_subparsers(dest="command", metavar="<command>", title="commands")
+    for name, (_, _, what) in COMMANDS.items():
+        mod = command_module(name)
+        sp = sub.add_parser(name, help=what, description=mod.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(_parser=sp)
+    sp = sub.add_parser("info", help="parameter counts per preset, variant and mixer", description=info.__doc__)
+    sp.set_defaults(run=info, _parser=sp)
+    sp = sub.add_parser("report", help="regenerate every report in docs/", description=report.__doc__)
+    sp.add_argument("--quick", action="store_true", help="pass --quick to every command (reports go to <docs>/quick/)")
+    sp.add_argument("--all", action="store_true", help="also run commands whose report does not exist yet")
+    sp.add_argument("--docs", default=None, help="the reports' directory (default: the checkout's docs/)")
+    sp.set_defaults(run=report, _parser=sp)
+    return p
+
+
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"info": "parameter counts per preset, variant and mixer",
-                "report": "regenerate every report in docs/",
-                **{c: REPORTS.get(n, "") for c, (s, n) in EXPERIMENTS.items()}}
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lipcheck <command> [options]\n\ncommands:")
-        for c, what in commands.items():
-            print(f"  {c:10} {what[:100]}")
-        print("\n`lipcheck <command> --help` for a command's options.")
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command is None:
+        parser.print_help()
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "info":
-        return info(rest)
-    if cmd == "report":
-        return report(rest)
-    if cmd in EXPERIMENTS:
-        return load_experiment(EXPERIMENTS[cmd][0]).main(rest) or 0
-    print(f"lipcheck: unknown command {cmd!r}; choose one of {', '.join(commands)}", file=sys.stderr)
-    return 2
+    return args.run(args, args._parser) or 0
 
 
 if __name__ == "__main__":

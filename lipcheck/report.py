@@ -20,7 +20,52 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Inside a source checkout the reports live in its docs/; an installed package has no docs/ of its own.
+CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "docs").is_dir() else None
 DOCS = ROOT / "docs"
+INSTALLED_DOCS = "lipcheck-reports"  # where an installed lipcheck writes, relative to the working directory
+QUICK = "quick"  # quick runs write to this subdirectory of the default docs, never over a full-run report
+
+
+def docs_dir(docs=None, *, quick: bool = False, checkpoint=None) -> Path:
+    """Where a command writes its report. --docs when given; else a checkpoint's RUN/verdicts/; else the
+    checkout's docs/ (an installed lipcheck: ./lipcheck-reports/). A quick run goes to <that>/quick/, also when
+    --docs names the checkout's docs/: a full-run report is never overwritten by a reduced one."""
+    if docs is not None:
+        docs = Path(docs)
+        if quick and CHECKOUT is not None and docs.resolve() == DOCS.resolve():
+            return DOCS / QUICK
+        return docs
+    if checkpoint is not None:
+        from .checkpoint import resolve
+        return resolve(checkpoint).parent / "verdicts"
+    base = DOCS if CHECKOUT is not None else Path.cwd() / INSTALLED_DOCS
+    return base / QUICK if quick else base
+
+
+STATUSES = ("holds", "fails", "vacuous", "partial", "not run")
+
+
+def verdict(statement: str, status: str, number: str, command: str | None = None) -> dict:
+    """What a report says first: the statement, holds / fails / vacuous / partial, the one number that says how
+    well, and the command that reproduces it (default: this process's command line)."""
+    if status not in STATUSES:
+        raise ValueError(f"verdict status must be one of {STATUSES}, got {status!r}")
+    return {"statement": statement, "status": status, "number": number,
+            "command": command or stamp()["command"]}
+
+
+def verdict_lines(v: dict) -> list[str]:
+    """At most six lines: statement and status, the number, the command."""
+    return [f"**Verdict: {v['statement']}: {v['status'].upper()}.**", f"{v['number']}",
+            f"Reproduce: `{v['command']}`"]
+
+
+def print_verdict(v: dict, path=None) -> None:
+    """A command's last output: where the report went, then the verdict."""
+    if path is not None:
+        print(f"wrote {path}")
+    print("\n".join(ln.replace("**", "").replace("`", "") for ln in verdict_lines(v)), flush=True)
 
 
 def git_commit() -> str:
@@ -111,7 +156,7 @@ def write_json(path: Path, data: dict) -> Path:
 
 def save_figure(fig, name: str, st: dict, docs: Path | None = None) -> Path:
     """Save a matplotlib figure to docs/figures/<name>.png with the stamp in its footer."""
-    docs = Path(docs) if docs else DOCS
+    docs = Path(docs) if docs else docs_dir()
     # Hung below the figure's bottom edge (va="top" at y = 0): bbox_inches="tight" widens the saved area
     # to include it, so the stamp can never overlap an axis label.
     fig.text(0.005, -0.005, f"{st['command']} | {st['commit']} | torch {st['torch']} | {st['device']} | {st['date']}",
@@ -132,15 +177,18 @@ def save_figure(fig, name: str, st: dict, docs: Path | None = None) -> Path:
 
 
 def write_report(name: str, markdown: str, data: dict, st: dict, docs: Path | None = None,
-                 json_path: Path | None = None) -> Path:
-    """docs/<name>.md (stamp on top) and docs/data/<name>.json ({'stamp': ..., **data}); optional extra JSON copy."""
-    docs = Path(docs) if docs else DOCS
-    payload = {"stamp": st, **data}
+                 json_path: Path | None = None, verdict: dict | None = None, index: bool = True) -> Path:
+    """docs/<name>.md (the verdict, then the stamp, on top) and docs/data/<name>.json ({'stamp': ...,
+    'verdict': ..., **data}); optional extra JSON copy."""
+    docs = Path(docs) if docs else docs_dir()
+    payload = {"stamp": st, **({"verdict": verdict} if verdict else {}), **data}
     write_json(docs / "data" / f"{name}.json", payload)
     if json_path is not None:
         write_json(Path(json_path), payload)
-    path = atomic_write(docs / f"{name}.md", stamp_markdown(st) + "\n" + markdown.rstrip() + "\n")
-    write_index(docs)
+    head = "\n".join(verdict_lines(verdict)) + "\n\n" if verdict else ""
+    path = atomic_write(docs / f"{name}.md", head + stamp_markdown(st) + "\n" + markdown.rstrip() + "\n")
+    if index:
+        write_index(docs)
     return path
 
 
@@ -176,7 +224,7 @@ REPORTS = {
 
 
 def write_index(docs: Path | None = None) -> Path:
-    docs = Path(docs) if docs else DOCS
+    docs = Path(docs) if docs else docs_dir()
     lines = ["# lipcheck reports", "", "Regenerate all of them with `lipcheck report`.", ""]
     for name, what in REPORTS.items():
         if (docs / f"{name}.md").exists():

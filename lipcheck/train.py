@@ -248,8 +248,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or unreadable ({type(e).__name__}: "
-                              f"{str(e)[:200]}); delete it to start the run over") from e
+        # torch's own text is left out: it suggests loading with weights_only=False, which runs code in the file
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or unreadable ({type(e).__name__}): it is not a "
+                              f"complete file written by `lipcheck train`; use the run's checkpoint.pt, or write a new "
+                              f"one with `lipcheck train --out DIR`") from None
     if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
         have = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: expected keys {CHECKPOINT_KEYS}, found "

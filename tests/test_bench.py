@@ -14,8 +14,7 @@ from lipcheck import bench
 from lipcheck.mixers import DenseAttention, SSoG
 from lipcheck.models.vit import ViT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import throughput  # noqa: E402
+from lipcheck.commands import throughput  # noqa: E402
 
 
 def counted_macs(fn) -> int:

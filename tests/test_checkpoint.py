@@ -2,7 +2,7 @@
 library on the in-memory model, the training monitor's bound equals ssog_lipschitz on the saved weights
 (and does not change training), foreign modules probe like lipcheck's own, and every bad input stops
 with one line naming the fix (exit status 2, nothing overwritten)."""
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
@@ -26,10 +26,7 @@ CHEAP_MONITOR = dict(n_images=2, radii=(1.0, 8.0), probe=dict(restarts=2, steps=
 
 
 def script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "experiments" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"lipcheck.commands.{name}")
 
 
 def _run(out, variant, mixer, monitor=True):

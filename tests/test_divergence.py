@@ -15,9 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def quick_run(tmp_path_factory):
     docs = tmp_path_factory.mktemp("docs")
     extra = docs / "extra.json"
-    spec = importlib.util.spec_from_file_location("divergence_script", ROOT / "experiments" / "divergence.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from lipcheck.commands import divergence as mod
     threads = torch.get_num_threads()
     rc = mod.main(["--quick", "--docs", str(docs), "--json", str(extra), "--no-progress"])
     assert torch.get_num_threads() == threads  # the script restores the thread count it changed

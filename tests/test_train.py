@@ -207,12 +207,8 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
 
 
 def load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "experiments" / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from lipcheck.commands import train
+    return train
 
 
 # ---------------------------------------------------------------------------------- bad inputs
