@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from .report import docs_dir
+from .report import docs_dir, set_command
 
 # subcommand -> (module in lipcheck.commands, the report it writes, what it does)
 COMMANDS = {
@@ -47,6 +47,7 @@ def report(args, parser) -> int:
             continue
         print(f"== lipcheck {cmd} -> {docs / (name + '.md')}", flush=True)
         argv = (["--quick"] if args.quick else []) + (["--docs", str(args.docs)] if args.docs else [])
+        set_command([cmd, *argv])
         command_module(cmd).main(argv)
         ran += 1
     from .report import write_index
@@ -79,11 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
-    return args.run(args, args._parser) or 0
+    set_command(argv)  # the reports name the command as typed, wherever lipcheck is installed
+    try:
+        return args.run(args, args._parser) or 0
+    finally:
+        set_command(None)
 
 
 if __name__ == "__main__":

@@ -88,8 +88,18 @@ def device_name(device=None) -> str:
     return f"cpu: {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
+_COMMAND = None  # the command line `lipcheck` was given, when it runs a command in this process (cli.main)
+
+
+def set_command(argv) -> None:
+    """Name the reports of what runs next after `lipcheck` and argv (None: back to this process's sys.argv)."""
+    global _COMMAND
+    _COMMAND = None if argv is None else " ".join(["lipcheck"] + [shlex.quote(str(a)) for a in argv])
+
+
 def stamp(command: str | None = None, device=None) -> dict:
     """Who made this and how: command, commit, versions, device, date (UTC)."""
+    command = command or _COMMAND
     if command is None:
         prog = sys.argv[0] if sys.argv else ""
         # an installed console script (`lipcheck probe`) is named as the user typed it, not by its absolute path

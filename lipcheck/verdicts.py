@@ -276,13 +276,14 @@ ENCLOSE_TOL = 1e-6  # the solve every image's enclosure is built around (its ref
 
 
 def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: float | None = None,
-                   progress: bool = False) -> list[dict]:
+                   progress: bool = False, keep_center: bool = False) -> list[dict]:
     """S5 as a proof on each image: `wellposed.enclose` one image at a time, and its actual error at t1 against
     an independent converged solve (fixed-step dopri8, `wellposed.reference_solution`).
 
     Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds, and where
     not proven the reason. A model whose mixer the enclosure cannot take (dense attention: no bound on its
-    field's second derivative) is refused per image with that reason, not proven."""
+    field's second derivative) is refused per image with that reason, not proven. keep_center: each row also
+    holds the enclosure's centre at t1 ("center_t1", a tensor) for checks against another solve."""
     import time
 
     from . import wellposed
@@ -309,5 +310,7 @@ def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: floa
         row.update(actual_t1=actual, reference_error=float(ref.abs_error.max()),
                    ratio_t1=row["radius_t1"] / actual if actual > 0 else math.inf,
                    inside=bool(actual <= row["radius_t1"]))
+        if keep_center:
+            row["center_t1"] = enc.center[-1, 0]
         rows.append(row)
     return rows

@@ -62,8 +62,9 @@ def not_with_checkpoint(args, parser: argparse.ArgumentParser, defaults: dict) -
     checkpoint, whose model is the checkpoint's: say so instead of ignoring them."""
     for name, default in defaults.items():
         if getattr(args, name) != default:
-            parser.error(f"--{name.replace('_', '-')} sets up the model this command builds; with --checkpoint the "
-                         f"model is the checkpoint's: drop --{name.replace('_', '-')}")
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(fail(parser.prog, f"{flag} sets up the model this command builds; with --checkpoint the "
+                                               f"model is the checkpoint's: drop {flag}"))
 
 
 def fail(prog: str, err: Exception) -> int:
