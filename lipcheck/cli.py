@@ -41,6 +41,8 @@ def info(args, parser) -> int:
 def report(args, parser) -> int:
     """Regenerate every report that exists in docs/ by rerunning its command with default settings."""
     docs = docs_dir(args.docs)
+    if args.verdicts:
+        return put_verdicts(docs)
     ran = 0
     for cmd, (_, name, _) in COMMANDS.items():
         if not (args.all or (docs / f"{name}.md").exists()):
@@ -54,6 +56,23 @@ def report(args, parser) -> int:
     target = docs_dir(args.docs, quick=args.quick)
     write_index(target)
     print(f"regenerated {ran} report(s); index at {target / 'index.md'}")
+    return 0
+
+
+def put_verdicts(docs) -> int:
+    """The verdict of every report in docs/ recomputed from its JSON and put on top (no measurement is rerun)."""
+    import json
+
+    from .report import put_verdict
+    for cmd, (_, name, _) in COMMANDS.items():
+        for path in sorted(docs.glob(f"data/{name}*.json")):
+            data = json.loads(path.read_text())
+            if not (docs / f"{path.stem}.md").exists() or data.get("kind") == "size_run":
+                continue
+            v = command_module(cmd).verdict_from(data)
+            v["command"] = (data.get("stamp") or {}).get("command", v["command"])
+            put_verdict(path.stem, v, docs)
+            print(f"{path.stem}: {v['status']}: {v['number']}")
     return 0
 
 
@@ -73,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="regenerate every report in docs/", description=report.__doc__)
     sp.add_argument("--quick", action="store_true", help="pass --quick to every command (reports go to <docs>/quick/)")
     sp.add_argument("--all", action="store_true", help="also run commands whose report does not exist yet")
+    sp.add_argument("--verdicts", action="store_true", help="only recompute each report's verdict from its JSON and "
+                    "put it on top (nothing is measured again)")
     sp.add_argument("--docs", default=None, help="the reports' directory (default: the checkout's docs/)")
     sp.set_defaults(run=report, _parser=sp)
     return p

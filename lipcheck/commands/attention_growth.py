@@ -208,6 +208,12 @@ def verdict(a, ssog_L: float) -> dict:
         f"against SSoG's flat {ssog_L:.4g} at every R.")
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
+    import types
+    return verdict(types.SimpleNamespace(**data["curves"]["attention"]), float(data["ssog_exact"]))
+
+
 def size_json_path(docs, H: int, W: int, C: int) -> Path:
     return (Path(docs) if docs else report.docs_dir()) / "data" / f"attention_growth_{H}x{W}_c{C}.json"
 

@@ -860,5 +860,10 @@ def verdict(data: dict, *, enclosure_only: bool = False) -> dict:
         f"{'yes' if converge else 'NO'}; Gronwall envelope violations: {sum(gron.values()) if gron else 'n/a'}.")
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts): divergence or divergence_<preset>."""
+    return verdict(data, enclosure_only="must_show" not in data)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -160,5 +160,10 @@ def verdict(rows: list[dict]) -> dict:
                           f"{worst['grid']}x{worst['grid']}, {worst['kernels']}) over {len(rows)} rows.")
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
+    return verdict(data["rows"])
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -593,5 +593,10 @@ def verdict(presets: list[dict], sz_info: dict) -> dict:
         f"{sz_info['resolution_free']:.6g}.")
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
+    return verdict(data["presets"], data["szego"])
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1088,5 +1088,10 @@ def verdict(must: dict) -> dict:
                           "not run" if not rows else "holds" if missed == 0 else "partial", number)
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
+    return verdict(data["must_show"])
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -458,6 +458,11 @@ def monitor_series(r: dict) -> dict:
     return out
 
 
+def verdict_from(data: dict) -> dict:
+    """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
+    return verdict(data["paired"])
+
+
 def monitor_section(watched: list, variants) -> list:
     seed = watched[0]["seed"]
     m0 = verdicts.MONITOR_PROBE
