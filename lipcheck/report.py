@@ -36,9 +36,9 @@ def docs_dir(docs=None, *, quick: bool = False, checkpoint=None) -> Path:
         if quick and CHECKOUT is not None and docs.resolve() == DOCS.resolve():
             return DOCS / QUICK
         return docs
-    if checkpoint is not None:
-        from .checkpoint import resolve
-        return resolve(checkpoint).parent / "verdicts"
+    if checkpoint is not None:  # the run directory, or the directory of the checkpoint file named
+        run = Path(checkpoint)
+        return (run if run.is_dir() else run.parent) / "verdicts"
     base = DOCS if CHECKOUT is not None else Path.cwd() / INSTALLED_DOCS
     return base / QUICK if quick else base
 

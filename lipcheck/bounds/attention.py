@@ -22,6 +22,7 @@ import torch
 from ..mixers.attention import DenseAttention
 from .. import symbolic
 from ..rounding import check_certified_dtype, gamma, norm2_upper, unit_roundoff
+from .mlp import mlp_lipschitz
 
 
 def head_matrices(layer: DenseAttention, *, dtype=torch.float64, device=None) -> dict:
@@ -244,7 +245,7 @@ def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, de
 
     mixer_branch: Lip(x -> Attn(LN1 x)) <= Lip(Attn | D_rho1) Lip(LN1), rho1 = `layernorm_image_radius(LN1)`
     (LN1 maps every token into the ball of radius rho1, so Attn only ever sees D_rho1);
-    mlp_branch: Lip(MLP) Lip(LN2) with Lip(MLP) <= ||W1|| sup|GELU'| ||W2|| (`network.mlp_lipschitz`);
+    mlp_branch: Lip(MLP) Lip(LN2) with Lip(MLP) <= ||W1|| sup|GELU'| ||W2|| (`mlp.mlp_lipschitz`);
     vector_field: Lip(F) <= mixer_branch + mlp_branch for F(x) = Attn(LN1 x) + MLP(LN2 x) (SPEC S3);
     block_update: the discrete update x + F-branches in sequence is bounded by (1 + mixer)(1 + mlp).
     Every factor is global, so these hold for all inputs; Lip(LN) <= max|gamma| / sqrt(eps) is what makes
@@ -261,7 +262,6 @@ def attention_block_lipschitz(block, num_tokens: int, *, dtype=torch.float64, de
     out = {"token_radius": rho1, "lip_ln1": ln1, "attention_on_ln_image": attn, "mixer_branch": attn * ln1 * up}
     mlp_branch = 0.0
     if block.mlp is not None:
-        from .network import mlp_lipschitz  # the one MLP constant (network imports this module lazily)
         lip_mlp = mlp_lipschitz(block.mlp, dtype=dtype, device=device)
         ln2 = layernorm_lipschitz(block.norm2) if isinstance(block.norm2, torch.nn.LayerNorm) else 1.0
         mlp_branch = lip_mlp * ln2 * up

@@ -11,7 +11,6 @@ initialisation, `width / 64` heads) on that token grid, written to docs/data/att
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys

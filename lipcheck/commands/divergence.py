@@ -10,7 +10,6 @@ input scales 1, 4, 16, 64. Writes docs/divergence.md, docs/figures/divergence_*.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time

@@ -7,7 +7,6 @@ The table is built by experiments/lipschitz.py:exactness_table.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 

@@ -5,7 +5,6 @@ Writes docs/lipschitz.md, docs/figures/lipschitz_*.png and docs/data/lipschitz.j
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time

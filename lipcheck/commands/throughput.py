@@ -20,7 +20,6 @@ Section 0 of the report lists every target with its measured number; a missed ta
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import os

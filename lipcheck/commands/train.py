@@ -239,7 +239,7 @@ def summarise(runs, variants, mixers, seeds):
     return rows, deltas
 
 
-def verdict(d: dict, n: int) -> str:
+def setting_sentence(d: dict, n: int) -> str:
     """Plain words for one setting: is the paired difference distinguishable from seed noise?"""
     lo, hi = d["paper_delta"]
     sign = "higher" if d["delta_mean"] > 0 else "lower"
@@ -327,7 +327,7 @@ def write_compare_report(args, runs, cfg, seeds, variants, mixers, model_cfg, li
                                  f"{d['params_saved_pct']:.1f}%", "8.8-16.6%", f"{d['wall_ratio']:.2f}"]
                                 for d in deltas]), ""]
         md += ["What this shows:", ""]
-        md += [f"- **{d['variant']}**: {verdict(d, n)}." for d in deltas]
+        md += [f"- **{d['variant']}**: {setting_sentence(d, n)}." for d in deltas]
         md += ["- These are digits at 8x8 with a 4x4 token grid and a width-48 model trained for a few minutes, "
                "not CIFAR-100 at 224x224: agreement or disagreement here neither confirms nor refutes the paper's "
                "numbers, which this machine cannot reproduce."

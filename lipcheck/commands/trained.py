@@ -10,7 +10,6 @@ with one line naming the fix and exit status 2, before anything is written.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import sys
