@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from lipcheck import IntegrationError, ViT, vit_from_preset
 from lipcheck import wellposed as wp
+from lipcheck.wellposed.certificate import _quartic_fit, _upper_sum
 
 D = torch.float64
 LINEAR = dict(img_size=12, patch_size=4, dim=12, num_heads=3, num_components=2, depth=1, num_classes=3,
@@ -203,7 +204,7 @@ def test_quartic_fit_differentiates_exactly():
     x = torch.linspace(0, 1, 9, dtype=D)
     c = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7], dtype=D)
     Y = sum(c[k] * x ** k for k in range(5))[:, None]
-    coef, slope_err = wp._quartic_fit(x, Y)
+    coef, slope_err = _quartic_fit(x, Y)
     assert torch.allclose(coef[:, 0], c, atol=1e-12)
     assert slope_err < 1e-9  # a generous round-off margin, still far below any defect it guards
 
@@ -295,16 +296,16 @@ def test_upper_sum_is_the_closed_form_gronwall_integral():
     """Constant defect d, constant L: B(t) = d (e^{L t} - 1) / L exactly, on a non-uniform grid."""
     grid = torch.tensor([0.0, 0.1, 0.35, 0.4, 1.0, 1.7], dtype=D)
     for L, d in ((2.0, 0.3), (-1.5, 0.7), (0.01, 1.0), (0.0, 0.4)):
-        got = wp._upper_sum(torch.full((6,), d, dtype=D), grid, L)
+        got = _upper_sum(torch.full((6,), d, dtype=D), grid, L)
         want = d * np.expm1(L * grid.numpy()) / L if L else d * grid.numpy()  # L = 0: the limit d t
         assert np.allclose(got.numpy(), want, rtol=1e-13, atol=0), (L, got, want)
     # a defect only on the last interval [1.0, 1.7]: the larger endpoint value, integrated from 1.0 on
     delta = torch.tensor([0, 0, 0, 0, 0, 2.0], dtype=D)
-    got = wp._upper_sum(delta, grid, 3.0)
+    got = _upper_sum(delta, grid, 3.0)
     assert float(got[4]) == 0.0 and abs(float(got[5]) - 2.0 * math.expm1(3.0 * 0.7) / 3.0) <= 1e-13
     # a defect on the first interval only, then carried: B(t) = d tau1 phi e^{L (t - tau1)}
     delta = torch.tensor([0.5, 0, 0, 0, 0, 0], dtype=D)
-    got = wp._upper_sum(delta, grid, 3.0)
+    got = _upper_sum(delta, grid, 3.0)
     first = 0.5 * math.expm1(0.3) / 3.0
     assert np.allclose(got[1:].numpy(), first * np.exp(3.0 * (grid[1:].numpy() - 0.1)), rtol=1e-13)
 
@@ -317,7 +318,7 @@ def test_quartic_fit_slope_error_covers_noisy_samples():
     for r in (1e-6, 1e-3):
         noise = r * (2 * torch.rand(9, 3, generator=g, dtype=D) - 1)
         Y = sum(c[k] * x ** k for k in range(5))[:, None] + noise
-        coef, slope_err = wp._quartic_fit(x, Y)
+        coef, slope_err = _quartic_fit(x, Y)
         s = torch.linspace(0, 1, 101, dtype=D)
         fit = sum(k * coef[k][None] * s[:, None] ** (k - 1) for k in range(1, 5))
         true = sum(k * c[k] * s ** (k - 1) for k in range(1, 5))[:, None]
@@ -1044,7 +1045,7 @@ def test_quartic_fit_slope_error_is_its_documented_formula():
         x = torch.linspace(0, 1, m + 1, dtype=D)
         Y = torch.stack([sum(c[k] * x ** k for k in range(5)), 3 * x - 1], dim=1)
         Y = Y + noise * torch.randn(m + 1, 2, generator=torch.Generator().manual_seed(m), dtype=D)
-        coef, slope_err = wp._quartic_fit(x, Y)
+        coef, slope_err = _quartic_fit(x, Y)
         V = np.vander(x.numpy(), 5, increasing=True)
         r = np.abs(V @ coef.numpy() - Y.numpy()).max() + 4 * eps * np.abs(Y.numpy()).max()
         want = 10 * math.sqrt(m + 1) * 2 * r / np.linalg.svd(V, compute_uv=False).min()

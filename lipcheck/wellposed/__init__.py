@@ -10,7 +10,7 @@
   with the defect bounded on whole steps and the logarithmic norm in place of L (proofs/S5.md);
 - `gradients`: `gradient_check`, adjoint against backpropagation, NFE forward / backward counted separately.
 """
-from .certificate import _quartic_fit, _upper_sum, aposteriori_certificate
+from .certificate import aposteriori_certificate
 from .enclosure import Enclosure, EnclosureError, SSoGField, enclose, enclose_field, lognorm_envelope
 from .gradients import gradient_check
 from .gronwall import (auto_grid, envelope_violations, flow_map, perturbation_growth, segment_variance_floor, token_speed_bound,
