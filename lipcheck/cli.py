@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from .report import docs_dir, set_command
@@ -63,16 +64,26 @@ def put_verdicts(docs) -> int:
     """The verdict of every report in docs/ recomputed from its JSON and put on top (no measurement is rerun)."""
     import json
 
-    from .report import put_verdict
+    from .report import atomic_write, md_table, put_verdict, stamp, stamp_markdown
+    rows = []
     for cmd, (_, name, _) in COMMANDS.items():
         for path in sorted(docs.glob(f"data/{name}*.json")):
             data = json.loads(path.read_text())
             if not (docs / f"{path.stem}.md").exists() or data.get("kind") == "size_run":
                 continue
             v = command_module(cmd).verdict_from(data)
-            v["command"] = (data.get("stamp") or {}).get("command", v["command"])
+            # an older stamp named the console script by its path: the command a reader types is `lipcheck ...`
+            v["command"] = re.sub(r"^python \S*/bin/lipcheck\b", "lipcheck",
+                                  (data.get("stamp") or {}).get("command", v["command"]))
             put_verdict(path.stem, v, docs)
+            rows.append([f"[{path.stem}]({path.stem}.md)", v["statement"], f"**{v['status']}**", v["number"],
+                         f"`{v['command']}`", (data.get("stamp") or {}).get("commit", "?")])
             print(f"{path.stem}: {v['status']}: {v['number']}")
+    # docs/claims.md: every report's verdict in one table, the numbers the README points to
+    md = ["# Claims and their verdicts", "", "Each row is the verdict on top of that report, recomputed from the "
+          "numbers of its run (its JSON).", "", md_table(["report", "statement", "verdict", "how well", "reproduce",
+                                                          "run at commit"], rows), ""]
+    atomic_write(docs / "claims.md", stamp_markdown(stamp()) + "\n" + "\n".join(md))
     return 0
 
 
