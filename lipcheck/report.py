@@ -227,6 +227,8 @@ def md_table(header: list[str], rows: list[list]) -> str:
 
 # The reports docs/ can hold, in reading order: name -> what it shows (one line for docs/index.md).
 REPORTS = {
+    "claims": "Every report's verdict in one table: the statement, holds / fails / partial, how well, the command.",
+    "architecture": "How the code is laid out, and where each statement S1-S5 lives.",
     "divergence": "Picard-Lindelof checked on the SSoG Neural-ODE ViT: solvers and tolerances converge to one "
                   "trajectory, perturbations stay inside the Gronwall envelope, dense attention contrasted (S5).",
     "divergence_ti": "The proven enclosure of the full-size ODE ViT (preset ti, 224x224, one image): radius, time, "
