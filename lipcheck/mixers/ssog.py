@@ -13,6 +13,7 @@ import collections
 import contextlib
 import math
 import statistics
+import threading
 import time
 from typing import Callable
 
@@ -33,6 +34,13 @@ FUSE_HEADS_TOKENS = 400
 TRANSPOSED_MAX_TOKENS = 1024
 Y_COLUMN_BLOCKS = 8  # at most this many blocks (gcd with the grid width: each block holds whole x coordinates)
 STACKED_CHUNK_BYTES = 2 << 20
+# Inference calls of more than FUSE_HEADS_TOKENS tokens on a CPU write the value projection, the mixed values and
+# the stacked backend's per-head intermediates into buffers kept per thread (`_Workspace`) while they take at most
+# this many bytes (0: never). Fresh tensors of these sizes cost fresh pages on every call in a plain process: glibc
+# malloc maps them anew or trims the freed heap back to the OS, and the kernel zeroes each page on first touch
+# (measured with one thread, experiments/plain_speed.py: 2,700-4,600 page faults per forward at 64 x 64, C = 192 and
+# 384, and at 14 x 14, C = 192, batch 32; the forward 1.15-1.4x slower than with the buffers).
+WORKSPACE_MAX_BYTES = 64 << 20
 
 
 def _check_grid(x: torch.Tensor, num_heads: int) -> None:
@@ -129,7 +137,7 @@ def _prepare_stacked(H, W, alpha, mu, sigma, ty, tx):
     return GW, GH.permute(0, 2, 3, 1).reshape(h, H, H * M)  # [i, (k, m)]
 
 
-def _apply_stacked(v, GW, GH):
+def _apply_stacked(v, GW, GH, ws=None):
     """Dense axis factors as GEMMs with the M components stacked.
 
     x axis: [G_W^1; ...; G_W^M] (M W x W) times every (W x d) slab v[b, k, :, h, :], giving
@@ -148,6 +156,8 @@ def _apply_stacked(v, GW, GH):
     Small problems run all heads at once (`_stacked_all_heads`); without autograd and with more than one
     thread, mid-sized ones put the x coordinate outermost (`_stacked_transposed`) and batch 1 above that
     runs the y axis in blocks of columns (`_stacked_column_blocks`): layouts whose calls split across the threads.
+    `ws` (a `_Workspace`, inference only): the output and the per-head intermediates of the per-head layouts are
+    written into its buffers (the output is then valid until the thread's next call with it).
     """
     B, H, W, h, d = v.shape
     M = GW.shape[1] // W
@@ -158,7 +168,7 @@ def _apply_stacked(v, GW, GH):
         if B * H * W <= TRANSPOSED_MAX_TOKENS:
             return _stacked_transposed(v, GW, GH)
         if B == 1:
-            return _stacked_column_blocks(v, GW, GH)
+            return _stacked_column_blocks(v, GW, GH) if ws is None else _stacked_column_blocks(v, GW, GH, ws)
     if graph:
         vh = v.permute(3, 0, 1, 2, 4).reshape(h, B * H, W, d)
         # unbind: one autograd node per tensor for all heads (indexing would add a zero-filled copy per head)
@@ -168,11 +178,18 @@ def _apply_stacked(v, GW, GH):
     # C = 192, batch 32, one thread: the axis products 1.3x faster, the whole mixer 5 %); the output is
     # written per chunk and head, the copy a stack of the heads would make anyway.
     b = max(1, STACKED_CHUNK_BYTES // (H * W * M * d * v.element_size()))
-    out = v.new_empty(B, H, W, h, d)
+    if ws is None:
+        out, bufs = v.new_empty(B, H, W, h, d), None
+    else:
+        b = min(b, B)
+        out = ws.get("out", (B, H, W, h, d), v)
+        bufs = ws.get("T", (b * H, M * W, d), v), ws.get("r", (b, H, W * d), v)
     for s in range(0, B, b):
         n = min(b, B - s)
+        into = None if bufs is None else (bufs[0][:n * H], bufs[1][:n])
         for i in range(h):
-            out[s:s + n, :, :, i] = _stacked_head(v[s:s + n, :, :, i, :].reshape(n * H, W, d), GW[i], GH[i], n).view(n, H, W, d)
+            out[s:s + n, :, :, i] = _stacked_head(v[s:s + n, :, :, i, :].reshape(n * H, W, d), GW[i], GH[i], n,
+                                                  into).view(n, H, W, d)
     return out
 
 
@@ -205,7 +222,7 @@ def _stacked_transposed(v, GW, GH):
     return out.view(h, W, H, B, d).permute(3, 2, 1, 0, 4)
 
 
-def _stacked_column_blocks(v, GW, GH):
+def _stacked_column_blocks(v, GW, GH, ws=None):
     """Batch 1 on grids above TRANSPOSED_MAX_TOKENS with more than one thread: the per-head products of
     `_stacked_head`, with the y axis (an H x H M times H M x W d GEMM) run as a batch of p = gcd(W, Y_COLUMN_BLOCKS)
     GEMMs, each over the columns of W / p whole x coordinates. The BLAS splits one GEMM of so few rows poorly
@@ -220,10 +237,15 @@ def _stacked_column_blocks(v, GW, GH):
     _, H, W, h, d = v.shape
     HM = GH.shape[2]
     p = math.gcd(W, Y_COLUMN_BLOCKS)
-    out = v.new_empty(1, H, W, h, d)
+    if ws is None:
+        out, T_out, r_out = v.new_empty(1, H, W, h, d), None, None
+    else:
+        out = ws.get("out", (1, H, W, h, d), v)
+        T_out, r_out = ws.get("T", (H, GW.shape[1], d), v), ws.get("blocks", (p, H, W * d // p), v)
     for i in range(h):
-        T = _x_axis(v[0, :, :, i, :], GW[i])  # (H, M W, d) = [k, m, j, e]
-        r = torch.bmm(GH[i].expand(p, H, HM), T.view(HM, p, W * d // p).transpose(0, 1))  # (p, H, (W / p) d)
+        T = _x_axis(v[0, :, :, i, :], GW[i], T_out)  # (H, M W, d) = [k, m, j, e]
+        # (p, H, (W / p) d)
+        r = torch.bmm(GH[i].expand(p, H, HM), T.view(HM, p, W * d // p).transpose(0, 1), out=r_out)
         out[0, :, :, i].view(H, p, W // p, d).copy_(r.view(p, H, W // p, d).transpose(0, 1))
     return out
 
@@ -262,17 +284,72 @@ def _kept(G: torch.Tensor, name: str, key, make: Callable[[], torch.Tensor]) -> 
     return made
 
 
-def _x_axis(vs, GW):
-    """One head's x-axis product: [G_W^1; ...; G_W^M] (M W, W) times every slab of vs (n, W, d) -> (n, M W, d)."""
-    return torch.bmm(GW.expand(vs.shape[0], *GW.shape), vs)
+class _Workspace:
+    """Buffers one thread reuses across inference calls of one shape (`WORKSPACE_MAX_BYTES`): named tensors made
+    on first use and made again only when a call asks for another shape. Never used where autograd may save a
+    tensor (grad mode on), so no graph holds one; created outside inference mode, so that calls with and without
+    it may write them."""
+
+    __slots__ = ("key", "bufs")
+
+    def __init__(self, key):
+        self.key, self.bufs = key, {}
+
+    def get(self, name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+        t = self.bufs.get(name)
+        if t is None or t.shape != shape:
+            self.bufs.pop(name, None)  # the old buffer's memory back first
+            with torch.inference_mode(False):
+                t = self.bufs[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return t
 
 
-def _stacked_head(vs, GW, GH, B):
-    """One head: vs (B H, W, d) slabs -> (B, H, W d)."""
+# Per thread: one _Workspace (the last shape used), taken out of the slot while a call uses it, so that another
+# call on the same thread meanwhile (a hook calling another SSoG) gets none rather than the same buffers.
+_WORKSPACE = threading.local()
+
+
+def _take_workspace(key, nbytes: int):
+    """The calling thread's workspace for `key` (emptied if it held another key), or None where the buffers would
+    exceed WORKSPACE_MAX_BYTES or the thread's workspace is in use; hand it back with `_give_workspace`."""
+    if nbytes > WORKSPACE_MAX_BYTES:
+        return None
+    ws = _WORKSPACE.__dict__.get("ws")
+    if ws is None:
+        if _WORKSPACE.__dict__.get("busy"):
+            return None
+        ws = _Workspace(key)
+    elif ws.key != key:
+        ws.bufs.clear()  # shape, dtype or device changed: drop the old buffers before the new ones are made
+        ws.key = key
+    _WORKSPACE.ws, _WORKSPACE.busy = None, True
+    return ws
+
+
+def _give_workspace(ws) -> None:
+    _WORKSPACE.ws, _WORKSPACE.busy = ws, False
+
+
+def clear_workspace() -> None:
+    """Free the calling thread's reused inference buffers (they are made again on the next large call)."""
+    if not _WORKSPACE.__dict__.get("busy"):
+        _WORKSPACE.ws = None
+
+
+def _x_axis(vs, GW, out=None):
+    """One head's x-axis product: [G_W^1; ...; G_W^M] (M W, W) times every slab of vs (n, W, d) -> (n, M W, d)
+    (into `out`, of that shape, where given)."""
+    return torch.bmm(GW.expand(vs.shape[0], *GW.shape), vs, out=out)
+
+
+def _stacked_head(vs, GW, GH, B, into=None):
+    """One head: vs (B H, W, d) slabs -> (B, H, W d); `into`: buffers (B H, M W, d) and (B, H, W d) for the
+    intermediate and the result."""
     BH, W, d = vs.shape
     H, HM = GH.shape
-    T = _x_axis(vs, GW)  # (B H, M W, d) = [b, k, m, j, e]
-    return torch.bmm(GH.expand(B, H, HM), T.view(B, HM, W * d))
+    T_out, r_out = (None, None) if into is None else into
+    T = _x_axis(vs, GW, T_out)  # (B H, M W, d) = [b, k, m, j, e]
+    return torch.bmm(GH.expand(B, H, HM), T.view(B, HM, W * d), out=r_out)
 
 
 def truncation_tol(dtype: torch.dtype) -> float:
@@ -870,10 +947,11 @@ class SSoG(nn.Module):
     def clear_kernel_cache(self) -> None:
         self.__dict__["_kernel_cache"] = {}
 
-    def mix_values(self, v: torch.Tensor) -> torch.Tensor:
+    def mix_values(self, v: torch.Tensor, _ws=None) -> torch.Tensor:
         """sum_m alpha G_H v G_W^T per head on values v (B, H, W, h, d), with this forward's factors inside
         `prepared_kernels`, else with the kernels of the cache: the backend chosen (for backend='auto'), kernels
-        the dtype cannot carry refused."""
+        the dtype cannot carry refused. `_ws` (from `_mix` only): a `_Workspace` the stacked backend may write
+        its result into."""
         H, W = v.shape[1], v.shape[2]
         live = self._live_factors(H, W)
         if live is not None:  # training inside prepared_kernels: this forward's factors
@@ -883,6 +961,8 @@ class SSoG(nn.Module):
         graph, tap_grad = self._grad_needs(ps)
         entry = self._cache().get(key) if key is not None else None
         if not graph and entry is not None and entry["factors"] is not None and self._is_current(entry, ps):
+            if _ws is not None and entry["backend"] == "stacked":
+                return _apply_stacked(v, *entry["factors"], _ws)
             return BACKEND_PARTS[entry["backend"]][1](v, *entry["factors"])  # inference: nothing to build
         alpha, mu, sigma = self.gaussian_params()
         if key is None:
@@ -898,6 +978,8 @@ class SSoG(nn.Module):
             if entry["factors"] is None:
                 with torch.no_grad():
                     entry["factors"] = prepare(H, W, alpha, mu, sigma, *_split_taps(H, W, taps))
+            if _ws is not None and backend == "stacked":
+                return _apply_stacked(v, *entry["factors"], _ws)
             return apply(v, *entry["factors"])
         dlog = entry["dlog"] if tap_grad else (None, None)
         if backend == "stacked":  # factors from one node with a closed-form backward
@@ -1011,8 +1093,35 @@ class SSoG(nn.Module):
         """Value projection, per-head spatial mixing with the (cached) factors, output projection."""
         B, H, W, C = x.shape
         mods = self._modules
-        v = _linear(mods["v_proj"], x).reshape(B, H, W, self.num_heads, self.head_dim)
-        return _linear(mods["o_proj"], self.mix_values(v).reshape(B, H, W, C))
+        ws = self._workspace(x)
+        if ws is None:
+            v = _linear(mods["v_proj"], x).reshape(B, H, W, self.num_heads, self.head_dim)
+            return _linear(mods["o_proj"], self.mix_values(v).reshape(B, H, W, C))
+        try:
+            # the value projection as F.linear computes it without a bias (one GEMM on the flattened tokens)
+            v = torch.mm(x.reshape(B * H * W, C), mods["v_proj"]._parameters["weight"].t(),
+                         out=ws.get("v", (B * H * W, C), x))
+            mixed = self.mix_values(v.view(B, H, W, self.num_heads, self.head_dim), ws)
+            return _linear(mods["o_proj"], mixed.reshape(B, H, W, C))  # fresh: the caller keeps it
+        finally:
+            _give_workspace(ws)
+
+    def _workspace(self, x: torch.Tensor):
+        """The thread's `_Workspace` for this call, or None: only for calls above FUSE_HEADS_TOKENS tokens (below,
+        glibc's heap serves the small tensors without fresh pages) on a CPU, with grad mode off (nothing may save a
+        buffer for a backward), no torch.func transform, plain projections and x of the weights' dtype."""
+        B, H, W, C = x.shape
+        if (WORKSPACE_MAX_BYTES <= 0 or B * H * W <= FUSE_HEADS_TOKENS or torch.is_grad_enabled()
+                or type(x) is not torch.Tensor or not x.is_cpu or x.layout is not torch.strided):
+            return None
+        mods = self._modules
+        weight = mods["v_proj"]._parameters["weight"]
+        if (x.dtype is not weight.dtype or not weight.is_cpu or not plain_linear(mods["v_proj"])
+                or not plain_linear(mods["o_proj"]) or (_FUNCTORCH and _PEEK_STACK() is not None)):
+            return None
+        # v and the mixed values, plus the per-head intermediate (at most M times one head's values)
+        nbytes = x.numel() * x.element_size() * (2 + (self.num_components + 1) / self.num_heads)
+        return _take_workspace((B, H, W, C, self.num_heads, self.num_components, x.dtype), nbytes)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, components={self.num_components}, backend={self.backend}"
