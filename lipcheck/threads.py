@@ -13,31 +13,33 @@ one thread. Hence:
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
 _controller = None  # every pool threadpoolctl found (set_threads)
 _blas_libs: list = []  # the BLAS ones among them (limited)
+_modules_seen = -1  # len(sys.modules) at that search
 
 
-def _pools():
-    """The thread pools of the loaded libraries, found once: threadpoolctl's search costs about 0.3 ms, and a limit
-    through its own API about 10 us per block."""
-    global _controller, _blas_libs
-    if _controller is None:
+def _pools(fresh: bool = False):
+    """The thread pools of the loaded libraries. threadpoolctl's search costs about 0.3 ms and a limit through its
+    own API about 10 us per block, so the search is kept, and made again only once more modules are imported (a new
+    extension module may bring its own pool: scikit-learn's OpenMP runtime, say) or when `fresh`."""
+    global _controller, _blas_libs, _modules_seen
+    if fresh or _controller is None or len(sys.modules) != _modules_seen:
         import numpy  # noqa: F401  (load both bundled BLAS libraries before the search, so it finds them)
         import scipy.linalg  # noqa: F401
         from threadpoolctl import ThreadpoolController
         _controller = ThreadpoolController()
         _blas_libs = list(_controller.select(user_api="blas").lib_controllers)
+        _modules_seen = len(sys.modules)
     return _controller
 
 
 def refresh() -> None:
-    """Search the loaded libraries again (after loading one that brings its own BLAS or OpenMP pool)."""
-    global _controller
-    _controller = None
-    _pools()
+    """Search the loaded libraries again (one loaded without an import, through ctypes, say)."""
+    _pools(fresh=True)
 
 
 def blas_threads() -> dict[str, int]:
@@ -70,12 +72,13 @@ class ThreadSetting:
 def set_threads(n: int) -> ThreadSetting:
     """Run lipcheck on n threads, process-wide: torch.set_num_threads(n) and every BLAS and OpenMP pool
     threadpoolctl sees (scipy's and numpy's OpenBLAS, torch's OpenMP) limited to n. Returns the handle that
-    restores the previous counts (`.restore()` or `with set_threads(n): ...`)."""
+    restores the previous counts (`.restore()` or `with set_threads(n): ...`). A library loaded later keeps its own
+    count, except the BLAS ones that `limited` reaches (lipcheck's own calls into scipy and numpy)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"thread count must be at least 1, got {n}")
     old = torch.get_num_threads()
-    limiter = _pools().limit(limits=n)
+    limiter = _pools(fresh=True).limit(limits=n)
     torch.set_num_threads(n)
     return ThreadSetting(old, limiter)
 

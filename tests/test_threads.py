@@ -1,6 +1,7 @@
 """lipcheck.threads: scipy's and numpy's BLAS pools run on the thread count lipcheck is given, read at the moment
 lipcheck calls into them (threadpoolctl.threadpool_info(), an independent search of the loaded libraries)."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -149,7 +150,10 @@ def test_limited_defaults_to_torch_threads_and_restores():
 
 def test_set_threads_is_process_wide_and_restores():
     """set_threads(n): torch, the BLAS pools and the OpenMP pool all on n; restore() (or leaving its `with` block)
-    puts every count back as it was, and a second restore() changes nothing."""
+    puts every count back as it was, and a second restore() changes nothing. Pools loaded after an earlier search
+    are among them."""
+    threads.blas_threads()  # a search made before another pool is loaded: scikit-learn's OpenMP runtime
+    import sklearn.datasets  # noqa: F401
     old_torch, old_pools = torch.get_num_threads(), all_counts()
     n = 3 if old_torch != 3 else 4  # differs from every count before, so a missed pool shows
     try:
@@ -175,8 +179,8 @@ def test_set_threads_is_process_wide_and_restores():
 
 
 def test_limited_searches_the_libraries_once(monkeypatch):
-    """The pools are found once per process (threadpoolctl's search costs about 0.3 ms, the block about 5 us): a
-    hundred blocks construct no controller and read no library list."""
+    """The pools are found once (threadpoolctl's search costs about 0.3 ms, the block about 5 us): a hundred blocks
+    construct no controller and read no library list; after an import (a library may have come with it), one."""
     with threads.limited(1):
         pass
     built = []
@@ -191,6 +195,12 @@ def test_limited_searches_the_libraries_once(monkeypatch):
         with threads.limited(1 + k % 2):
             pass
     assert built == []
+    import types
+    monkeypatch.setitem(sys.modules, "lipcheck_threads_probe", types.ModuleType("probe"))  # "a module imported"
+    for k in range(100):
+        with threads.limited(1 + k % 2):
+            pass
+    assert len(built) == 1  # searched again once, then kept
     monkeypatch.undo()
     threads.refresh()  # a new search on request: the same pools again
     assert set(threads.blas_threads()) == {p["filepath"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"}
