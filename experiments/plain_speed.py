@@ -8,7 +8,9 @@ also runs SDPA serves SSoG's temporaries from a heap SDPA grew, which a user's S
 workers take turns, block by block, for many rounds, so that every variant sees the same machine load; the table
 gives medians over rounds, the per-round paired ratios' medians, and minor page faults per forward
 (getrusage). "SSoG before" is the library with its reused inference buffers switched off
-(ssog.WORKSPACE_MAX_BYTES = 0).
+(ssog.WORKSPACE_MAX_BYTES = 0). Whether a plain process pays for fresh pages depends on where its heap's small
+blocks happen to lie (glibc trims the free top of the heap only when nothing lives above it), which differs from
+one process to the next: --sets N measures N fresh sets of workers per configuration.
 
     python experiments/plain_speed.py            # 64x64 C=384, 64x64 C=192, 14x14 C=192 at batch 1 and 32
     python experiments/plain_speed.py --quick    # fewer rounds, 64x64 C=384 and 14x14 C=192 only
@@ -125,6 +127,7 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="5 rounds, 64x64 C=384 and 14x14 C=192 only")
     p.add_argument("--rounds", type=int, help="rounds per configuration (default 15, quick 5)")
     p.add_argument("--block-s", type=float, default=0.25, help="seconds of forwards per block (default 0.25)")
+    p.add_argument("--sets", type=int, default=1, help="fresh sets of worker processes per configuration (default 1)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -135,8 +138,9 @@ def main(argv=None) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for config in (QUICK_CONFIGS if args.quick else CONFIGS):
-        for row in summarise(config, measure(config, rounds, args.block_s)):
-            print("| " + " | ".join(row + [""] * (len(head) - len(row))) + " |", flush=True)
+        for _ in range(args.sets):
+            for row in summarise(config, measure(config, rounds, args.block_s)):
+                print("| " + " | ".join(row + [""] * (len(head) - len(row))) + " |", flush=True)
     print(f"\none thread, inference, medians over {rounds} rounds of workers taking turns; faults: minor page faults "
           "per forward; x vs SDPA, plain/tuned (a mixer's time in the plain process over the tuned one) and "
           "before/after (SSoG, plain processes): medians of the ratios paired per round")
