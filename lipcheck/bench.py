@@ -161,6 +161,9 @@ def _release_to_os() -> bool:
     the pages of free heap blocks (malloc_trim). False where the C library is not glibc."""
     import ctypes
     import gc
+
+    from .mixers import ssog
+    ssog.clear_workspace()  # the mixer's reused inference buffers: a step's memory counts them, as it did before
     try:
         libc = ctypes.CDLL("libc.so.6")
         ok = libc.mallopt(_M_MMAP_THRESHOLD, _MEMORY_MMAP_THRESHOLD) == 1
