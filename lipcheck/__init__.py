@@ -4,7 +4,8 @@ import importlib
 from .mixers import DenseAttention, SSoG
 from .models import IntegrationError, ViT, vit_from_preset
 
-__all__ = ["SSoG", "DenseAttention", "ViT", "vit_from_preset", "IntegrationError", "load", "bounds", "probe", "wellposed"]
+__all__ = ["SSoG", "DenseAttention", "ViT", "vit_from_preset", "IntegrationError", "load", "certify", "bounds",
+           "probe", "wellposed"]
 __version__ = "0.1.0"
 
 
@@ -15,7 +16,9 @@ def load(path, *, device="cpu", dtype=None):
     return _load(path, device=device, dtype=dtype)
 
 
-def __getattr__(name):  # lipcheck.bounds / .probe / .wellposed load on first use (they pull in more)
+def __getattr__(name):  # lipcheck.bounds / .probe / .wellposed / certify load on first use (they pull in more)
     if name in ("bounds", "probe", "wellposed", "symbolic"):
         return importlib.import_module(f".{name}", __name__)
+    if name == "certify":
+        return importlib.import_module(".certification", __name__).certify
     raise AttributeError(f"module 'lipcheck' has no attribute {name!r}")

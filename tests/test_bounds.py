@@ -269,7 +269,8 @@ def test_delta_kernel(shift, expect_zero):
         layer.o_proj.weight.copy_(torch.randn(4, 4, generator=g, dtype=F64))
     _, _, _, WV, WO = ref_params(layer)
     exact = 0.0 if expect_zero else 0.8 * float(np.linalg.norm(WV @ WO, 2))
-    r = ssog_lipschitz(layer, 24, 24, resolution_free=False, max_steps=60, seed=6, exact_max=0, gram_max=0)
+    r = ssog_lipschitz(layer, 24, 24, resolution_free=False, max_steps=60, seed=6, exact_max=0, gram_max=0,
+                       deflated=False)  # the majorant's path, as the last assertion reads it
     assert_sandwich(r, exact)
     if expect_zero:
         assert r.lower == 0.0 and r.upper <= 1e-9 * r.closed_form
@@ -872,10 +873,11 @@ def test_result_records_its_margins_and_diagnostics():
 
 
 def test_probabilistic_bound_meets_its_target_gap():
-    """Without Gram iteration, a dense SVD or the majorant the deterministic upper bound (circulant) is a few percent
-    loose; the adaptive Lanczos run must continue until its own bound is within target_gap of the lower bound."""
+    """Without Gram iteration, a dense SVD, the majorant or the deflated bound the deterministic upper bound
+    (circulant) is a few percent loose; the adaptive Lanczos run must continue until its own bound is within
+    target_gap of the lower bound."""
     layer = random_layer(31, 2, 3, 2)
-    r = ssog_lipschitz(layer, 8, 8, resolution_free=False, exact_max=0, gram_max=0, majorant=False,
+    r = ssog_lipschitz(layer, 8, 8, resolution_free=False, exact_max=0, gram_max=0, majorant=False, deflated=False,
                        target_gap=1e-3, max_steps=256, seed=4)
     assert r.gap > 1e-3  # the deterministic bound alone does not meet the target here
     assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20

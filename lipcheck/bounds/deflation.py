@@ -442,6 +442,22 @@ def default_k_gram(N: int, C: int) -> int:
     return max(1, min(max(10, 4608 // max(int(C), 1)), N - 1))
 
 
+def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
+    """Token functions for the default certification's deflated bound (complement 'gram'), from the sizes alone:
+    default_k_gram's k C near 4608 (times scale^(1/3): the k C x k C checks cost (k C)^3), lowered until Theorem D4's
+    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). 0 where the Gram envelope does not fit (gram_envelope.affordable)
+    or no k >= 1 does. scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
+    if not ge.affordable(H, W) or H * W < 2:
+        return 0
+    N = H * W
+    k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)
+    g = GRAM_BUDGET * min(scale, 1.0)  # deflated_bound refuses a k beyond GRAM_BUDGET itself
+    k = min(k, int(math.sqrt(g / heads ** 4) / C))  # heads^4 (k C)^2 <= g
+    while k >= 1 and heads ** 4 * float(k * C) ** 2 > g:  # the square root's rounding
+        k -= 1
+    return max(k, 0)
+
+
 def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) -> str:
     """'gram' (the circulant Gram envelope bounds the complement, Lemma G2 of proofs/S2.md) where half its torus fits
     gram_envelope.MAX_FREQUENCIES (up to 32 x 32) and Theorem D4's matrices fit GRAM_BUDGET; else 'majorant'
@@ -451,7 +467,8 @@ def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) 
 
 
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
-                   max_rounds: int = 200, envelope=None, complement: str = "auto") -> DeflationBound:
+                   max_rounds: int = 200, envelope=None, complement: str = "auto",
+                   envelope_budget: float | None = None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by deflation (module docstring) with k token functions.
 
     complement: how ||T b|| is bounded on U^perp. 'gram': the circulant Gram envelope (lipcheck.bounds.gram_envelope,
@@ -461,7 +478,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     `choose_complement` ('majorant' when an envelope is passed). info['upper_from'] names what gave the bound.
     time_budget, max_rounds: the Toeplitz envelope's refinement (any stopping point is certified; max_rounds makes
     the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
-    `envelope_toeplitz` to reuse across calls."""
+    `envelope_toeplitz` to reuse across calls. envelope_budget: the circulant Gram envelope's budget for certified norms
+    (gram_envelope.ENVELOPE_BUDGET by default)."""
     sp._check_grid_size(H, W)
     t0 = time.perf_counter()
     q = sp.normalised(p)
@@ -474,7 +492,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     if complement == "auto":
         complement = "majorant" if envelope is not None else choose_complement(H, W, C, q.num_heads, k)
     if complement == "gram":
-        return _gram_deflated(q, H, W, default_k_gram(N, C) if k is None else max(1, min(int(k), N - 1)), t0)
+        return _gram_deflated(q, H, W, default_k_gram(N, C) if k is None else max(1, min(int(k), N - 1)), t0,
+                              envelope_budget=envelope_budget)
     k = default_k(N, C) if k is None else max(1, min(int(k), N - 1))
     TN, tn_err, mb = envelope if envelope is not None else envelope_toeplitz(p, H, W, k=k, time_budget=time_budget,
                                                                              max_rounds=max_rounds)
@@ -527,7 +546,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
                                     upper_from="majorant" if from_majorant else theorem, **extra))
 
 
-def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float) -> DeflationBound:
+def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
+                   envelope_budget: float | None = None) -> DeflationBound:
     """Theorem D4 with the complement bounded by the circulant Gram envelope (Lemma G2): Q the top k eigenvectors of
     the stored R_f, m22 >= lambda_max(R_f on span(Q)^perp) by `certify_delta` (R_f bounds T^T T, so m22 is already
     squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
@@ -535,7 +555,7 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float) -> Defla
     if not gram_affordable(q.num_heads, k, q.dim):
         raise ValueError(f"Theorem D4 with k = {k} exceeds GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
                          f"pass a smaller k or complement='majorant'")
-    env = ge.gram_envelope(q, H, W)
+    env = ge.gram_envelope(q, H, W, budget=envelope_budget)
     tau_R = ge.certified_top(env)
     ev, Q = top_eigenvectors(env.R, k)
     eta = orthonormality_defect(Q)
