@@ -22,6 +22,7 @@ from lipcheck import SSoG, report, vit_from_preset  # noqa: E402
 from lipcheck.bounds import spectral, ssog_lipschitz, vector_field_lipschitz  # noqa: E402
 from lipcheck.models.ode import integrate  # noqa: E402
 from lipcheck.models.vit import PRESETS  # noqa: E402
+from lipcheck.threads import limited  # noqa: E402
 
 from .common import add_checkpoint_arguments, add_output_arguments, parse, positive_int, set_threads  # noqa: E402
 
@@ -173,7 +174,8 @@ def reference_norm(layer, H, W) -> float:
         K = sum(a[hh, k] * np.kron(axis(m[hh, k, 0], s[hh, k, 0], H), axis(m[hh, k, 1], s[hh, k, 1], W))
                 for k in range(M))
         T += np.kron(K, (WV[:, hh * d:(hh + 1) * d] @ WO[hh * d:(hh + 1) * d, :]).T)
-    return math.ldexp(float(np.linalg.norm(T, 2)), e)
+    with limited():  # numpy's OpenBLAS on lipcheck's thread count
+        return math.ldexp(float(np.linalg.norm(T, 2)), e)
 
 
 def _edge_layer(seed=0, scale=1.0, dtype=F64, mu=None, sigma=None, h=2, M=2, d=2):
