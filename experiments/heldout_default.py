@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -69,6 +70,14 @@ def arpack_norm(layer, H: int, W: int) -> float:
     return float(s[0])
 
 
+def _load() -> float | None:
+    """The machine's 1-minute load average (other work slows every timing here), where the platform has one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def run(rows, with_exact: bool = True) -> list[dict]:
     out = []
     for H, W, C, heads, M, seed in rows:
@@ -77,7 +86,8 @@ def run(rows, with_exact: bool = True) -> list[dict]:
         r = ssog_lipschitz(layer, H, W)
         sec = time.perf_counter() - t
         row = dict(grid=f"{H}x{W}", C=C, heads=heads, M=M, seed=seed, lower=r.lower, upper=r.upper, gap=r.gap,
-                   method=r.best_method, seconds=sec, rule=r.budget["rule"], cut_short=r.cut_short)
+                   method=r.best_method, seconds=sec, rule=r.budget["rule"], cut_short=r.cut_short,
+                   stages={k: round(v, 2) for k, v in r.seconds.items()}, load=_load())
         if with_exact:
             t = time.perf_counter()
             ex = arpack_norm(layer, H, W)
@@ -89,12 +99,12 @@ def run(rows, with_exact: bool = True) -> list[dict]:
 
 
 def table(rows) -> str:
-    lines = ["| layer | grid | C | heads | default upper / ARPACK - 1 | certified gap upper/lower - 1 | seconds | method |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| layer | grid | C | heads | default upper / ARPACK - 1 | certified gap upper/lower - 1 | seconds | "
+             "load | method |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         ue = f"{r['upper_over_exact']:.2e}" if "exact" in r else "n/a"
         lines.append(f"| {i + 1} (seed {r['seed']}) | {r['grid']} | {r['C']} | {r['heads']} | {ue} | {r['gap']:.2e} | "
-                     f"{r['seconds']:.1f} | {r['method']} |")
+                     f"{r['seconds']:.1f} | {r['load'] if r['load'] is None else round(r['load'], 1)} | {r['method']} |")
     return "\n".join(lines)
 
 

@@ -81,6 +81,8 @@ def test_the_size_rule_is_units_of_work():
     assert df.gram_affordable(8, 21, 128) and not df.gram_affordable(8, 22, 128)
     p = plan(64, 64, 192, 3)
     assert not p.deflated and p.majorant
+    p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit: the majorant, fewer rf rounds
+    assert not p.deflated and p.majorant and p.rf_max_rounds == 11 and plan(16, 16, 96, 3).rf_max_rounds == 200
     p = plan(65, 64, 8, 1)
     assert not p.deflated and not p.majorant and "circulant" in p.rule
     assert plan(4, 4, 2, 1).exact and not plan(4, 4, 2, 1).deflated

@@ -445,9 +445,14 @@ def default_k_gram(N: int, C: int) -> int:
 def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     """Token functions for the default certification's deflated bound (complement 'gram'), from the sizes alone:
     default_k_gram's k C near 4608 (times scale^(1/3): the k C x k C checks cost (k C)^3), lowered until Theorem D4's
-    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). 0 where the Gram envelope does not fit (gram_envelope.affordable)
-    or no k >= 1 does. scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
+    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). 0 where the Gram envelope does not fit
+    (gram_envelope.affordable), where X's h^4 channel products (h^4 C^3) exceed that budget, or where no k >= 1 fits.
+    scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
     if not ge.affordable(H, W) or H * W < 2:
+        return 0
+    # X's channel factors: h^4 products of C x C matrices (h^4 C^3 multiply-adds, h^4 C^2 numbers held at once:
+    # 98 GB at 12 heads, C = 768), whatever k
+    if heads ** 4 * float(C) ** 3 > GRAM_BUDGET * min(scale, 1.0):
         return 0
     N = H * W
     k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)

@@ -962,6 +962,11 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
     return _finite(best, "Gram iteration bound"), used
 
 
+# the resolution-free branch and bound's rounds cost about (anchors per round) C^3 each; the default caps them at this
+# much work times budget_s / 60 s (200 rounds below C = 384; some 11 rounds, 20-40 s, at C = 768, where 200 rounds
+# took many minutes); any stopping point is certified, only looser
+RF_WORK = 2e10
+
 # The time budget the size rule's constants were sized for, on 2 cores: deflation.planned_k's k C near 4608 and
 # GRAM_BUDGET, gram_envelope.ENVELOPE_BUDGET (measured: the deflated bound 5-35 s up to 32 x 32 at C <= 384)
 DEFAULT_BUDGET_S = 60.0
@@ -978,7 +983,8 @@ class CertifyOptions:
     deflated / majorant: None lets the size rule decide; True / False force the stage on or off.
     deflation_k: token functions of the deflated bound (None: the size rule's k).
     exact_max: a dense SVD (Cholesky-verified) where N C <= exact_max; gram_max: Gram iteration where N C <= gram_max.
-    resolution_free, rf_rtol: the bound valid on every grid and its branch-and-bound tolerance.
+    resolution_free, rf_rtol, rf_max_rounds: the bound valid on every grid, its branch-and-bound tolerance and
+    rounds (None: the size rule's, from RF_WORK).
     circulant_rtol: tolerance of the circulant embedding's certified maximum.
     probabilistic, failure_probability, seed, target_gap, max_steps, memory_bytes: the Lanczos run that gives the
     lower bound and the probabilistic upper bound (it stops once both are within target_gap of the lower bound).
@@ -996,6 +1002,7 @@ class CertifyOptions:
     gram_max: int = 1536
     resolution_free: bool = True
     rf_rtol: float = 1e-6
+    rf_max_rounds: int | None = None
     circulant_rtol: float = 1e-9
     symbol_start: bool = True
     symbol_start_tokens: int = 1024
@@ -1049,6 +1056,14 @@ class Plan:
     complement: str
     majorant: bool
     rule: str
+    rf_max_rounds: int = 200
+
+
+def rf_rounds(C: int, scale: float = 1.0) -> int:
+    """Rounds of the resolution-free branch and bound that fit RF_WORK * scale: (anchors per round) C^3 each, the
+    anchors as `_resolution_free` picks them; between 8 and 200."""
+    k_anchor = max(4, min(64, int(1e8 / C ** 3)))
+    return int(max(8, min(200, RF_WORK * scale / (k_anchor * float(C) ** 3))))
 
 
 def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = None) -> Plan:
@@ -1082,8 +1097,10 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
             rule = (f"deflated bound, circulant Gram envelope on the complement, k = {kk} token functions "
                     f"(k C = {kk * C}, {heads} heads, budget {o.budget_s:g} s)")
         else:
-            rule = (f"deflated bound does not fit: {H}x{W} grid beyond the Gram envelope's 2048 frequencies or "
-                    f"{heads} heads at C = {C} beyond GRAM_BUDGET")
+            from .gram_envelope import affordable
+            rule = ("deflated bound does not fit: " + (f"the {H}x{W} grid is beyond the Gram envelope's frequencies"
+                                                       if not affordable(H, W) else
+                                                       f"{heads} heads at C = {C} exceed GRAM_BUDGET * {scale:g}"))
     if o.majorant is not None:
         majorant = o.majorant
     else:
@@ -1092,7 +1109,9 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
             rule += "; Toeplitz majorant (N <= 4096)"
         elif not deflated and not exact:
             rule += f"; N = {N} > 4096: circulant embedding and closed forms only"
-    return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule)
+    rounds = o.rf_max_rounds if o.rf_max_rounds is not None else rf_rounds(C, scale)
+    return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule,
+                rf_max_rounds=int(rounds))
 
 
 @dataclasses.dataclass
@@ -1220,7 +1239,7 @@ def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None,
     sn = SymbolNorm(q)
     t = time.perf_counter()
     if o.resolution_free and not late("resolution_free"):
-        rf, rf_info = resolution_free_bound(q, sn=sn, rtol=o.rf_rtol, progress=progress)
+        rf, rf_info = resolution_free_bound(q, sn=sn, rtol=o.rf_rtol, progress=progress, max_rounds=pl.rf_max_rounds)
         rfree = min(rf.upper, closed)
         info["resolution_free"] = dict(symbol_sup_lower=rf.lower, argmax=rf.argmax, **rf_info)
         method["resolution_free"] = "branch and bound on the torus, SVD anchors, second-order cell bounds"
