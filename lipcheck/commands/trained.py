@@ -219,7 +219,9 @@ def _wellposed(ckpt, args, cfg) -> dict:
     md = [f"# wellposed: {ckpt.variant}/{ckpt.mixer}, epoch {ckpt.epoch}, {ckpt.path}", "",
           "## Proven enclosure per image (lipcheck.wellposed.enclose)", "", enclosure_table(encl), "",
           f"The solve is dopri5 at tol {verdicts.ENCLOSE_TOL:g} with a reference solve enclosed at tol * 1e-3; "
-          "the actual error is against an independent fixed-step dopri8 solve converged to 1e-13 (proofs/S5.md).", ""]
+          "the actual error is against an independent fixed-step dopri8 solve converged to 1e-13 (proofs/S5.md)."
+          + (f" The field's constants (||T||, curvature, LayerNorm) took {encl[0]['constants_s']:.1f} s once, "
+             "beside each image's seconds." if encl and "constants_s" in encl[0] else ""), ""]
     data = {"enclosure": encl}
     if not args.enclosure_only:
         res = well_posed(ckpt.model, images, cfg, progress=not args.no_progress)
