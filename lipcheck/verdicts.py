@@ -95,7 +95,7 @@ def certify_ssog(model: nn.Module, grids, *, layers=None, progress: bool = False
                          upper_probabilistic=r.upper_probabilistic, failure_probability=r.failure_probability,
                          gap=r.gap, gap_probabilistic=r.gap_probabilistic, exact=r.exact,
                          resolution_free=r.resolution_free, closed_form=r.closed_form, seed=r.seed,
-                         seconds=sum(r.seconds.values())))
+                         method=r.best_method, cut_short=r.cut_short, seconds=sum(r.seconds.values())))
     return rows
 
 

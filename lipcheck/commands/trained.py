@@ -124,11 +124,12 @@ def probe(model, cfg: dict, grid=None) -> list[dict]:
 # ---------------------------------------------------------------------------------------- tables
 def ssog_table(rows: list[dict]) -> str:
     return report.md_table(
-        ["layer", "grid", "lower", "upper (certified)", "upper (probabilistic)", "gap", "resolution-free",
-         "exact"],
-        [[r["layer"], f"{r['H']}x{r['W']}", f"{r['lower']:.6g}", f"{r['upper']:.6g}",
-          f"{r['upper_probabilistic']:.6g} (p_fail {r['failure_probability']:.0e})", f"{r['gap']:.2e}",
-          f"{r['resolution_free']:.6g}", "-" if r["exact"] is None else f"{r['exact']:.6g}"] for r in rows])
+        ["layer", "grid", "lower", "upper (certified)", "method", "gap", "upper (probabilistic)", "resolution-free",
+         "exact", "seconds"],
+        [[r["layer"], f"{r['H']}x{r['W']}", f"{r['lower']:.6g}", f"{r['upper']:.6g}", r.get("method") or "-",
+          f"{r['gap']:.2e}", f"{r['upper_probabilistic']:.6g} (p_fail {r['failure_probability']:.0e})",
+          f"{r['resolution_free']:.6g}", "-" if r["exact"] is None else f"{r['exact']:.6g}",
+          f"{r['seconds']:.1f}"] for r in rows])
 
 
 def blocks_table(rows: list[dict]) -> str:
