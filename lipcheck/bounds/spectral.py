@@ -702,7 +702,8 @@ def circulant_bound(p: SSoGParams, H: int, W: int, *, sn: SymbolNorm | None = No
 
 def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: float = 1e-6,
                           init_cells: int = 32, max_cells: int = 400_000, max_rounds: int = 200,
-                          anchors_per_round: int | None = None, progress: bool = False) -> tuple[SymbolMax, dict]:
+                          anchors_per_round: int | None = None, progress: bool = False,
+                          max_work: float | None = None) -> tuple[SymbolMax, dict]:
     """Certified sup over the continuous torus of ||S(w)|| (S1): valid for every H, W at once.
 
     Cells of the half torus wy in [0, pi], wx in [-pi, pi] (f(-w) = f(w)). On a cell with half widths r,
@@ -711,16 +712,19 @@ def resolution_free_bound(p: SSoGParams, *, sn: SymbolNorm | None = None, rtol: 
     |ghat^(j)|. c -> ||S(c)|| is convex, so ||S(I(w))|| <= max over the corners: the cell bound is
     max_corners bound(c_corner) + ||S(R + rounding)||, second order in r, with no derivative of the symbol. Branch and bound: SVD anchors at the most promising centres, retire cells within
     best (1 + rtol), split the others. Returns (SymbolMax, info); info['achieved_rtol'] says how tight it got.
+    max_work: stop once the anchor bounds evaluated (cells x 5 points x new anchors x heads, summed over rounds) exceed
+    it: a count, not a clock (the cells left keep their certified bounds).
     """
     q0 = normalised(p)
     m, info = _resolution_free(q0, sn=sn if sn is not None else SymbolNorm(q0), rtol=rtol, init_cells=init_cells,
                                max_cells=max_cells, max_rounds=max_rounds, anchors_per_round=anchors_per_round,
-                               progress=progress)
+                               progress=progress, max_work=max_work)
     return _scaled(m, q0.log2_scale), info
 
 
 def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: int, max_cells: int,
-                     max_rounds: int, anchors_per_round: int | None, progress: bool) -> tuple[SymbolMax, dict]:
+                     max_rounds: int, anchors_per_round: int | None, progress: bool,
+                     max_work: float | None = None) -> tuple[SymbolMax, dict]:
     dt, dev = p.WV.dtype, p.WV.device
     _, D2 = derivative_bounds(p)  # (h, M, 2): sup |ghat''| per axis
     A = p.alpha.abs()
@@ -753,11 +757,12 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
     best, arg = 0.0, (0.0, 0.0)
     retired = 0.0
     rounds = 0
+    work = 0.0
     from tqdm.auto import tqdm
     bar = tqdm(total=max_rounds, desc="resolution-free sup", disable=not progress, leave=False)
     # SVDs cost C^3: many anchors per round for small C, few for large C
     k_anchor = anchors_per_round or max(4, min(64, int(1e8 / p.dim ** 3)))
-    while rounds < max_rounds and w.shape[0]:
+    while rounds < max_rounds and w.shape[0] and (max_work is None or work <= max_work):
         rounds += 1
         bar.update(1)
         need = cb > best * (1 + rtol / 4)
@@ -774,6 +779,7 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
                 best, arg = float(vals[j]), (float(w[pick[j], 0]), float(w[pick[j], 1]))
             cb = torch.minimum(cb, sn.bound(c, new))
             kb = torch.minimum(kb, cell_bounds(K, new))
+            work += 5.0 * w.shape[0] * pick.numel() * p.num_heads
         ub = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
         ok = ub <= best * (1 + rtol)
         if bool(ok.any()):
@@ -803,7 +809,7 @@ def _resolution_free(p: SSoGParams, *, sn: SymbolNorm, rtol: float, init_cells: 
         left = _no_nan(kb.max(-1).values + sn.delta_norm(remainder(r)), "resolution-free cell bounds")
         upper = max(upper, float(left.max()))
     upper = _finite(upper, "resolution-free bound")
-    info = dict(rounds=rounds, svds=sn.num_svd, cells_left=int(w.shape[0]),
+    info = dict(rounds=rounds, svds=sn.num_svd, cells_left=int(w.shape[0]), work=work,
                 achieved_rtol=upper / best - 1 if best > 0 else float("inf"))
     return SymbolMax(best, upper, arg, sn.num_svd, -1), info
 
@@ -966,6 +972,9 @@ def gram_bound(T: torch.Tensor, *, squarings: int = 6, ritz: int = 16) -> tuple[
 # much work times budget_s / 60 s (200 rounds below C = 384; some 11 rounds, 20-40 s, at C = 768, where 200 rounds
 # took many minutes); any stopping point is certified, only looser
 RF_WORK = 2e10
+# and caps the anchor bounds it evaluates (cells x 5 points x anchors x heads, over all rounds) at this count times
+# budget_s / 60 s: at 8 heads, C = 128 its rounds grew to 9 s each by the fourth (one busy core), 200 would take hours
+RF_PAIRS = 5e6
 
 # The time budget the size rule's constants were sized for, on 2 cores: deflation.planned_k's k C near 4608 and
 # GRAM_BUDGET, gram_envelope.ENVELOPE_BUDGET (measured: the deflated bound 5-35 s up to 32 x 32 at C <= 384)
@@ -984,7 +993,7 @@ class CertifyOptions:
     deflation_k: token functions of the deflated bound (None: the size rule's k).
     exact_max: a dense SVD (Cholesky-verified) where N C <= exact_max; gram_max: Gram iteration where N C <= gram_max.
     resolution_free, rf_rtol, rf_max_rounds: the bound valid on every grid, its branch-and-bound tolerance and
-    rounds (None: the size rule's, from RF_WORK).
+    rounds (None: the size rule's, from RF_WORK and RF_PAIRS; a number: that many rounds, no work cap).
     circulant_rtol: tolerance of the circulant embedding's certified maximum.
     probabilistic, failure_probability, seed, target_gap, max_steps, memory_bytes: the Lanczos run that gives the
     lower bound and the probabilistic upper bound (it stops once both are within target_gap of the lower bound).
@@ -1057,6 +1066,7 @@ class Plan:
     majorant: bool
     rule: str
     rf_max_rounds: int = 200
+    rf_max_work: float | None = None
 
 
 def rf_rounds(C: int, scale: float = 1.0) -> int:
@@ -1110,8 +1120,9 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
         elif not deflated and not exact:
             rule += f"; N = {N} > 4096: circulant embedding and closed forms only"
     rounds = o.rf_max_rounds if o.rf_max_rounds is not None else rf_rounds(C, scale)
+    rf_work = None if o.rf_max_rounds is not None else RF_PAIRS * scale  # rounds asked for: no cap on their work
     return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule,
-                rf_max_rounds=int(rounds))
+                rf_max_rounds=int(rounds), rf_max_work=rf_work)
 
 
 @dataclasses.dataclass
@@ -1239,7 +1250,8 @@ def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None,
     sn = SymbolNorm(q)
     t = time.perf_counter()
     if o.resolution_free and not late("resolution_free"):
-        rf, rf_info = resolution_free_bound(q, sn=sn, rtol=o.rf_rtol, progress=progress, max_rounds=pl.rf_max_rounds)
+        rf, rf_info = resolution_free_bound(q, sn=sn, rtol=o.rf_rtol, progress=progress, max_rounds=pl.rf_max_rounds,
+                                            max_work=pl.rf_max_work)
         rfree = min(rf.upper, closed)
         info["resolution_free"] = dict(symbol_sup_lower=rf.lower, argmax=rf.argmax, **rf_info)
         method["resolution_free"] = "branch and bound on the torus, SVD anchors, second-order cell bounds"
