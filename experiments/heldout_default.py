@@ -56,7 +56,8 @@ def arpack_norm(layer, H: int, W: int) -> float:
 
     def mv(v):
         with torch.no_grad():
-            return f(torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float64).reshape(1, H, W, C)).reshape(-1).numpy()
+            x = torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float64).reshape(1, H, W, C)
+            return f(x).reshape(-1).numpy()
 
     def rmv(v):
         y = torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float64).reshape(1, H, W, C)
@@ -104,7 +105,7 @@ def table(rows) -> str:
     for i, r in enumerate(rows):
         ue = f"{r['upper_over_exact']:.2e}" if "exact" in r else "n/a"
         lines.append(f"| {i + 1} (seed {r['seed']}) | {r['grid']} | {r['C']} | {r['heads']} | {ue} | {r['gap']:.2e} | "
-                     f"{r['seconds']:.1f} | {r['load'] if r['load'] is None else round(r['load'], 1)} | {r['method']} |")
+                     f"{r['seconds']:.1f} | {'' if r['load'] is None else round(r['load'], 1)} | {r['method']} |")
     return "\n".join(lines)
 
 

@@ -117,7 +117,8 @@ def test_options_object_and_old_keywords_agree():
 
 
 def test_a_past_deadline_cuts_stages_and_says_so():
-    """deadline_s already spent: the optional stages are skipped and the result lists them; what remains is certified."""
+    """deadline_s already spent: the optional stages are skipped and the result lists them; what remains is
+    certified."""
     layer = layer_of(6, 2, 2, 3)
     r = ssog_lipschitz(layer, 4, 5, seed=2, deadline_s=1e-9, exact_max=0, gram_max=0)
     exact = dense_norm(layer, 4, 5)
@@ -127,11 +128,12 @@ def test_a_past_deadline_cuts_stages_and_says_so():
 
 
 def test_an_operator_that_vanishes_on_the_grid():
-    """sigma at the floor, the shift off the grid: T = 0 on 12 x 12; the default path must neither fail nor claim more."""
+    """sigma at the floor, the shift off the grid: T = 0 on 12 x 12; the default path must neither fail nor claim
+    more."""
     layer = lipcheck.SSoG(4, 1, 1, dtype=F64)
     layer.set_gaussian_params(torch.tensor([[0.8]], dtype=F64), torch.tensor([[[40.0, 0.0]]], dtype=F64),
                               torch.full((1, 1, 2), SIGMA_FLOOR * 1.001, dtype=F64))
-    r = ssog_lipschitz(layer, 12, 12, seed=1, resolution_free=False)  # N C = 576: set exact_max below it
+    r = ssog_lipschitz(layer, 12, 12, seed=1, resolution_free=False)  # N C = 576: the dense SVD
     r0 = ssog_lipschitz(layer, 12, 12, seed=1, **NO_DENSE)
     for x in (r, r0):
         assert x.lower == 0.0 and 0.0 <= x.upper <= 1e-9 * x.closed_form
