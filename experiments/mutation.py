@@ -38,7 +38,7 @@ GROUPS = {
                   ["tests/test_attention_bounds.py", "tests/test_probe.py"],
                   "not growth_ti and not probe_values_equal and not jacobian_formula"),
     "gaussian": (["lipcheck/gaussian.py"], ["tests/test_gaussian.py"], None),
-    "spectral": (["lipcheck/bounds/spectral.py"], ["tests/test_bounds.py"], "not default_settings_close"),
+    "spectral": (["lipcheck/bounds/spectral.py", "lipcheck/bounds/lipschitz.py"], ["tests/test_bounds.py"], "not default_settings_close"),
     "wellposed": (["lipcheck/wellposed/*"], ["tests/test_wellposed.py", "tests/test_enclosure.py"], None),
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],

@@ -10,7 +10,8 @@ import math
 
 from torch import nn
 
-from .bounds.spectral import DEFAULT_BUDGET_S, CertifyOptions, SSoGBound, certify_options, ssog_lipschitz, ssog_params
+from .bounds.lipschitz import DEFAULT_BUDGET_S, CertifyOptions, SSoGBound, certify_options, ssog_lipschitz
+from .bounds.spectral import ssog_params
 from .mixers import SSoG
 
 

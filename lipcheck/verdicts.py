@@ -33,7 +33,7 @@ from .mixers.ssog import SSoG
 F64 = torch.float64
 # ssog_lipschitz settings of the monitor: deterministic upper bound only (closed form, circulant
 # embedding, Gram iteration, dense SVD), no branch and bound over the torus and no Lanczos run
-MONITOR_SSOG = dict(resolution_free=False, probabilistic=False)
+MONITOR_SSOG = dict(resolution_free=False, probabilistic=False, deflated=False)  # cheap: every epoch
 MONITOR_RADII = (1.0, 32.0, 1024.0)  # flat at small R, the R^2 growth at large R (trained digits widths)
 MONITOR_PROBE = dict(restarts=4, steps=8, certify_steps=20, certify_top=1)
 MONITOR_TOL = 1e-6

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lipcheck import SSoG
-from lipcheck.bounds import spectral, ssog_lipschitz, vector_field_lipschitz
+from lipcheck.bounds import lipschitz, spectral, ssog_lipschitz, vector_field_lipschitz
 from lipcheck.mixers.ssog import SIGMA_FLOOR
 from lipcheck.models.vit import Block
 
@@ -453,7 +453,7 @@ def test_probabilistic_seed_and_union_bound():
     r3 = ssog_lipschitz(layer, 20, 20, max_steps=50, rf_rtol=1e-2, resolution_free=False, seed=r1.seed)
     assert r3.upper_probabilistic == r1.upper_probabilistic and r3.lower == r1.lower
     lz = r1.info["lanczos"]
-    planned = spectral.check_schedule(50)
+    planned = lipschitz.check_schedule(50)
     assert lz["schedule_size"] == len(planned) and set(lz["checks"]) <= set(planned)
     assert lz["kw_epsilon"] == pytest.approx(spectral.kw_epsilon(lz["n"], lz["steps"], 1e-6 / len(planned)))
 

@@ -167,7 +167,7 @@ def test_refusals():
 def test_ssog_lipschitz_takes_the_deflated_bound():
     """ssog_lipschitz(deflated=True) on a scaled layer (alpha x 2^40, so the normalisation moves a power of two):
     the deflated value enters the minimum in the layer's units, above the dense SVD written here."""
-    from lipcheck.bounds.spectral import ssog_lipschitz
+    from lipcheck.bounds.lipschitz import ssog_lipschitz
     from lipcheck.mixers.ssog import SSoG
     rng = np.random.default_rng(12)
     alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 3, 2.5, 2.5)

@@ -198,7 +198,7 @@ def test_wired_into_ssog_lipschitz_at_any_scale(monkeypatch):
     computed on the normalised operator and must be scaled back exactly once)."""
     import lipcheck
     monkeypatch.setitem(mj.toeplitz_majorant.__kwdefaults__, "max_rounds", 6)  # a coarse envelope: still valid
-    from lipcheck.bounds.spectral import ssog_lipschitz
+    from lipcheck.bounds.lipschitz import ssog_lipschitz
     torch.manual_seed(0)
     layer = lipcheck.SSoG(6, 3).double()
     with torch.no_grad():

@@ -112,7 +112,8 @@ def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) 
     """The constants of `FieldConstants` for an SSoG block on an H x W grid (||T|| from `ssog_lipschitz`)."""
     from ..mixers.ssog import SSoG
     from .attention import _frobenius_upper
-    from .spectral import ssog_lipschitz, ssog_params
+    from .lipschitz import ssog_lipschitz
+    from .spectral import ssog_params
     if not isinstance(block.mixer, SSoG):
         raise TypeError("the enclosure needs a linear mixer (SSoG, fixed kernel): its second derivative vanishes; "
                         f"got {type(block.mixer).__name__}, whose curvature bound is not implemented")
