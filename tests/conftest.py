@@ -25,10 +25,12 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 THOROUGH_SCALE = 20
 
-# pytest-xdist (addopts: one worker per core): each worker gets its share of the cores as torch threads, so
-# the workers' OpenMP threads do not wait on each other's cores. Tests that need a thread count set their own.
+# pytest-xdist (addopts: one worker per core): each worker gets its share of the cores for torch and for every
+# BLAS pool scipy and numpy bring (the tests' own references too), so the workers' threads do not wait on each
+# other's cores. Tests that need a thread count set their own.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    from lipcheck import threads
+    threads.set_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def pytest_collection_modifyitems(config, items):
