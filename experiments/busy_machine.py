@@ -52,6 +52,7 @@ def workloads(quick: bool, docs: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the main job's --quick mode")
+    ap.add_argument("--only", choices=("main", "enclose"), help="time one of the two workloads")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args(argv)
     cores = os.cpu_count() or 1
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as docs:
         for name, cmd in workloads(a.quick, docs).items():
+            if a.only and not name.startswith({"main": "main", "enclose": "enclose"}[a.only]):
+                continue
             secs = {}
             for load, k in (("quiet", 0), ("busy", cores)):
                 with spinners(k):
