@@ -77,8 +77,9 @@ def test_the_size_rule_is_units_of_work():
     to 64 x 64, the circulant embedding beyond; budget_s scales the work; deflated / majorant override."""
     p = plan(16, 16, 96, 3)
     assert p.deflated and p.deflation_k == 48 and p.complement == "gram" and not p.majorant and not p.exact
-    assert plan(20, 12, 128, 8).deflation_k == 21  # 8^4 (k C)^2 <= GRAM_BUDGET
-    assert df.gram_affordable(8, 21, 128) and not df.gram_affordable(8, 22, 128)
+    assert plan(20, 12, 128, 8).deflation_k == 36  # k C near 4608, and 8^4 (k C)^2 <= GRAM_BUDGET
+    assert df.gram_affordable(8, 38, 128) and not df.gram_affordable(8, 39, 128)
+    assert plan(20, 12, 128, 12).deflation_k == 17  # 12^4 (k C)^2 <= GRAM_BUDGET binds before k C = 4608
     p = plan(64, 64, 192, 3)
     assert not p.deflated and p.majorant
     p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit: the majorant, fewer rf rounds

@@ -258,7 +258,7 @@ def test_complement_choice_and_bad_input():
     assert df.default_k_gram(4, 1) == 3
     assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(32, 32, 384, 6) == "gram"
     assert df.choose_complement(64, 64, 48, 3) == "majorant"
-    assert df.choose_complement(14, 14, 384, 6, k=14) == "majorant"  # 6^4 (14 * 384)^2 > GRAM_BUDGET
+    assert df.choose_complement(14, 14, 384, 6, k=24) == "majorant"  # 6^4 (24 * 384)^2 > GRAM_BUDGET
     rng = np.random.default_rng(1)
     layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)
     p = params(*layer)
