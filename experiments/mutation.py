@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lipcheck import report  # noqa: E402
+from lipcheck import report
+from lipcheck.commands.mutation import verdict as mutation_verdict  # noqa: E402
 
 # group -> (modules to mutate (fnmatch on paths under lipcheck/), test files, pytest -k expression or None).
 # Only fast tests: mutmut runs, for each mutant, just the selected tests that call the mutated function.
@@ -298,7 +299,7 @@ def write(runs: dict, args, st: dict) -> None:
                         dict(summary=summary, groups=groups, survivors=survivors, total_seconds=round(total, 1),
                              runs={g: {k: v for k, v in r.items() if k != "rows"} | {"rows": r["rows"]}
                                    for g, r in runs.items()}),
-                        st, docs=args.docs)
+                        st, docs=args.docs, verdict=mutation_verdict(groups))
 
 
 def main(argv=None):

@@ -22,7 +22,8 @@ COMMANDS = {
 
 
 def command_module(name: str):
-    return importlib.import_module(f".commands.{COMMANDS[name][0]}", __package__)
+    module = COMMANDS[name][0] if name in COMMANDS else name  # mutation: a verdict only (its run needs a checkout)
+    return importlib.import_module(f".commands.{module}", __package__)
 
 
 def info(args, parser) -> int:
@@ -66,7 +67,7 @@ def put_verdicts(docs) -> int:
 
     from .report import atomic_write, md_table, put_verdict, stamp, stamp_markdown
     rows = []
-    for cmd, (_, name, _) in COMMANDS.items():
+    for cmd, (_, name, _) in {**COMMANDS, "mutation": ("mutation", "mutation", "")}.items():
         for path in sorted(docs.glob(f"data/{name}*.json")):
             data = json.loads(path.read_text())
             if not (docs / f"{path.stem}.md").exists() or data.get("kind") == "size_run":
