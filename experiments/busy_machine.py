@@ -8,7 +8,6 @@ enclosure as a plain library call with torch's default thread count. --quick: th
 Prints one row per workload and load, and the busy / quiet ratio.
 """
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +17,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a checkout runs without installing
+
+from lipcheck.bench import spinners  # noqa: E402
 
 ENCLOSE = """
 import torch, lipcheck
@@ -28,19 +30,6 @@ images = torch.randn(2, 3, model.img_size, model.img_size, dtype=torch.float64)
 enc = wellposed.enclose(model, images, tol=1e-6, progress=False)
 print("proven", enc.proven.tolist(), "torch threads", torch.get_num_threads())
 """
-
-
-@contextlib.contextmanager
-def spinners(k: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
-    try:
-        time.sleep(0.5 if k else 0.0)
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def workloads(quick: bool, docs: str) -> dict:

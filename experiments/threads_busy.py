@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs 
 import torch  # noqa: E402
 
 from lipcheck import bench, rounding, threads  # noqa: E402
+from lipcheck.bench import spinners  # noqa: E402
 
 
 def spd(n: int, seed: int = 0) -> torch.Tensor:
@@ -37,19 +37,6 @@ def timed(fn, repeats: int) -> float:
     for _ in range(repeats):
         fn()
     return time.perf_counter() - t0
-
-
-@contextlib.contextmanager
-def spinners(k: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
-    try:
-        time.sleep(0.5)  # running before the timing starts
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def run(n: int, repeats: int, torch_threads: int) -> list[dict]:

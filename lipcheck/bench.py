@@ -33,6 +33,8 @@ Two halves:
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -722,3 +724,17 @@ def _worker_main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_worker_main())
+
+
+@contextlib.contextmanager
+def spinners(k: int):
+    """k CPU-bound competing processes (`while True: pass`) running for the block: a busy machine, made on purpose."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    try:
+        time.sleep(0.5 if k else 0.0)  # running before the timing starts
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
