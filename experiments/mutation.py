@@ -39,12 +39,16 @@ GROUPS = {
                   ["tests/test_attention_bounds.py", "tests/test_probe.py"],
                   "not growth_ti and not probe_values_equal and not jacobian_formula"),
     "gaussian": (["lipcheck/gaussian.py"], ["tests/test_gaussian.py"], None),
-    "spectral": (["lipcheck/bounds/spectral.py", "lipcheck/bounds/lipschitz.py"], ["tests/test_bounds.py"], "not default_settings_close"),
+    "spectral": (["lipcheck/bounds/spectral.py"], ["tests/test_bounds.py"], "not default_settings_close"),
+    # the entry point above the methods: options, the size rule, the choice of the tightest bound
+    "lipschitz": (["lipcheck/bounds/lipschitz.py"], ["tests/test_bounds.py", "tests/test_certify_default.py"],
+                  "not default_settings_close"),
     "wellposed": (["lipcheck/wellposed/*"], ["tests/test_wellposed.py", "tests/test_enclosure.py"], None),
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],
                  "not wired_into_ssog_lipschitz"),  # that test patches keyword defaults, which mutmut wraps
-    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py", "tests/test_gram_envelope.py"], None),
+    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py", "tests/test_gram_envelope.py",
+                                                     "tests/test_certify_default.py"], None),
     "gram_envelope": (["lipcheck/bounds/gram_envelope.py"], ["tests/test_gram_envelope.py"], None),
     # the deflated bound's parameter search: estimates only (any choice is certified), reported on its own
     "deflation_search": (["lipcheck/bounds/deflation_search.py"], ["tests/test_deflation.py"], None),
