@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import lipcheck
 from lipcheck.bounds import CertifyOptions, plan, ssog_lipschitz
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import lipschitz
 from lipcheck.mixers.ssog import SIGMA_FLOOR
 
 F64 = torch.float64
@@ -184,3 +185,28 @@ def test_nan_weights_refuse():
         layer.alpha[0, 0] = float("inf")
     with pytest.raises(ValueError, match="alpha"):
         ssog_lipschitz(layer, 20, 20)
+
+
+def test_the_result_says_how_each_stage_certified():
+    """The description per stage a user reads (method) and the plan's fields that steer the stages: the deflated
+    bound names the envelope its complement used, the dense stages say they were not computed, and an explicit k or
+    rf_max_rounds lifts the size rule's choices."""
+    layer = layer_of(4, 2, 2, 3)
+    r = ssog_lipschitz(layer, 5, 5, seed=2, exact_max=0, gram_max=0)
+    env = r.info["deflated"]["envelope"]
+    assert env in ("gram", "majorant")
+    assert r.method["deflated"].startswith("deflated bound: exact on") and \
+        ("circulant Gram envelope" in r.method["deflated"]) == (env == "gram")
+    assert r.method["exact"] == "not computed" and r.exact is None
+    assert r.method["resolution_free"].startswith("branch and bound on the torus")
+    assert all(isinstance(v, str) and v for v in r.method.values())
+    # the size rule: an explicit k leaves the complement to deflated_bound; rounds asked for are not capped by work
+    assert plan(16, 16, 96, 3).complement == "gram"
+    assert plan(16, 16, 96, 3, CertifyOptions(deflation_k=20)).complement == "auto"
+    assert plan(16, 16, 96, 3, CertifyOptions(deflation_k=20)).deflation_k == 20
+    assert plan(16, 16, 96, 3).rf_max_work == lipschitz.RF_PAIRS
+    assert plan(16, 16, 96, 3, CertifyOptions(budget_s=30)).rf_max_work == lipschitz.RF_PAIRS / 2
+    assert plan(16, 16, 96, 3, CertifyOptions(rf_max_rounds=50)).rf_max_work is None
+    assert plan(16, 16, 96, 3, CertifyOptions(rf_max_rounds=50)).rf_max_rounds == 50
+    # rounds of the resolution-free bound: 200 for small C, never below 8 however large C
+    assert lipschitz.rf_rounds(48) == 200 and lipschitz.rf_rounds(4096) == 8 and lipschitz.rf_rounds(768) == 11
