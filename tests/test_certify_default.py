@@ -210,3 +210,25 @@ def test_the_result_says_how_each_stage_certified():
     assert plan(16, 16, 96, 3, CertifyOptions(rf_max_rounds=50)).rf_max_rounds == 50
     # rounds of the resolution-free bound: 200 for small C, never below 8 however large C
     assert lipschitz.rf_rounds(48) == 200 and lipschitz.rf_rounds(4096) == 8 and lipschitz.rf_rounds(768) == 11
+
+
+def test_stages_a_deadline_or_a_failure_stops_are_reported_and_the_rest_certifies(monkeypatch):
+    """A spent deadline skips the dense SVD too ('not computed', with the reason); a majorant run under a deadline
+    gets the time left; a deflated bound the size rule chose that fails is reported with its error and the next
+    method serves, still a true bound."""
+    layer = layer_of(6, 2, 2, 3)
+    exact = dense_norm(layer, 4, 5)
+    r = ssog_lipschitz(layer, 4, 5, seed=2, deadline_s=1e-9)
+    assert r.method["exact"] == "not computed" and "deadline" in r.exact_reason and r.exact is None
+    assert exact <= r.upper * (1 + 1e-12)
+    r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=False, majorant=True, deadline_s=600)
+    assert "majorant" in r.seconds and not r.cut_short and exact <= r.upper * (1 + 1e-12)
+
+    def refuse(*a, **kw):
+        raise ValueError("refused here")
+    monkeypatch.setattr(lipschitz, "deflated_bound", refuse)
+    r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0)
+    assert r.info["deflated"] == {"error": "refused here"} and r.method["deflated"].startswith("failed, not used")
+    assert r.best_method != "deflated" and exact <= r.upper * (1 + 1e-12)
+    with pytest.raises(ValueError, match="refused here"):  # asked for by name: the refusal stands
+        ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=True)
