@@ -1,13 +1,14 @@
-"""Attention growth (SPEC S4): certified lower bounds on L(R) for dense attention, the pre-LN block and
+"""Dense attention's local Lipschitz growth, certified lower bounds on adversarial inputs (SPEC S4).
 
-The code lives in lipcheck/commands/attention_growth.py (also reached as a `lipcheck` subcommand); this script runs it
-from a checkout: `python experiments/attention_growth.py --help`."""
+`attention_growth` is another name of `probe`: the code lives in lipcheck/commands/probe.py (`lipcheck probe`, also `lipcheck attention_growth`);
+this script runs it from a checkout:
+`python experiments/attention_growth.py --help`."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs without installing
 
-from lipcheck.commands.attention_growth import main  # noqa: E402
+from lipcheck.commands.probe import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

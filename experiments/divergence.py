@@ -1,13 +1,14 @@
-"""Picard-Lindelof checked on the SSoG Neural-ODE ViT (SPEC S5), contrasted with dense attention.
+"""Picard-Lindelof checked on the SSoG Neural-ODE ViT (SPEC S5), contrasted with dense attention. The main job (SPEC section 5).
 
-The code lives in lipcheck/commands/divergence.py (also reached as a `lipcheck` subcommand); this script runs it
-from a checkout: `python experiments/divergence.py --help`."""
+`divergence` is another name of `wellposed`: the code lives in lipcheck/commands/wellposed.py (`lipcheck wellposed`, also `lipcheck divergence`);
+this script runs it from a checkout:
+`python experiments/divergence.py --help`."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs without installing
 
-from lipcheck.commands.divergence import main  # noqa: E402
+from lipcheck.commands.wellposed import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,13 +1,14 @@
-"""Certify: Lipschitz bounds for fixed-kernel SSoG, the block and the Neural-ODE vector field (S1-S3).
+"""Certified Lipschitz bounds of SSoG, lower <= exact <= upper (SPEC S1-S3).
 
-The code lives in lipcheck/commands/lipschitz.py (also reached as a `lipcheck` subcommand); this script runs it
-from a checkout: `python experiments/lipschitz.py --help`."""
+`lipschitz` is another name of `certify`: the code lives in lipcheck/commands/certify.py (`lipcheck certify`, also `lipcheck lipschitz`);
+this script runs it from a checkout:
+`python experiments/lipschitz.py --help`."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs without installing
 
-from lipcheck.commands.lipschitz import main  # noqa: E402
+from lipcheck.commands.certify import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

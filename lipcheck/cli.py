@@ -9,21 +9,24 @@ import sys
 
 from .report import docs_dir, set_command
 
-# subcommand -> (module in lipcheck.commands, the report it writes, what it does)
+# one name per capability: subcommand = module in lipcheck.commands = experiments/<name>.py
+# -> (the report it writes in docs/, the names it also answers to, what it does)
 COMMANDS = {
-    "certify": ("lipschitz", "lipschitz", "certified bounds lower <= Lip(SSoG) <= upper (S1-S3)"),
-    "probe": ("attention_growth", "attention_growth", "dense attention's Lipschitz growth, certified lower bounds (S4)"),
-    "wellposed": ("divergence", "divergence", "Picard-Lindelof on the ODE ViT: proven enclosures, sweeps, Gronwall (S5)"),
-    "exactness": ("exactness", "exactness", "every certified upper bound beside the exact norm at ViT grids"),
-    "bench": ("throughput", "throughput", "throughput and peak memory against dense attention"),
-    "train": ("train", "training", "train a model (or the matched SSoG / attention comparison on digits)"),
-    "trained": ("trained", "trained", "the three verdicts on the digits models `lipcheck train` wrote"),
+    "certify": ("lipschitz", ("lipschitz",), "certified bounds lower <= Lip(SSoG) <= upper (S1-S3)"),
+    "probe": ("attention_growth", ("attention_growth",),
+              "dense attention's Lipschitz growth, certified lower bounds (S4)"),
+    "wellposed": ("divergence", ("divergence",),
+                  "Picard-Lindelof on the ODE ViT: proven enclosures, sweeps, Gronwall (S5)"),
+    "exactness": ("exactness", (), "every certified upper bound beside the exact norm at ViT grids"),
+    "bench": ("throughput", ("throughput",), "throughput and peak memory against dense attention"),
+    "train": ("training", (), "train a model (or the matched SSoG / attention comparison on digits)"),
+    "trained": ("trained", (), "the three verdicts on the digits models `lipcheck train` wrote"),
 }
+ALIASES = {alias: name for name, (_, aliases, _) in COMMANDS.items() for alias in aliases}
 
 
 def command_module(name: str):
-    module = COMMANDS[name][0] if name in COMMANDS else name  # mutation: a verdict only (its run needs a checkout)
-    return importlib.import_module(f".commands.{module}", __package__)
+    return importlib.import_module(f".commands.{ALIASES.get(name, name)}", __package__)
 
 
 def info(args, parser) -> int:
@@ -46,7 +49,7 @@ def report(args, parser) -> int:
     if args.verdicts:
         return put_verdicts(docs)
     ran = 0
-    for cmd, (_, name, _) in COMMANDS.items():
+    for cmd, (name, _, _) in COMMANDS.items():
         if not (args.all or (docs / f"{name}.md").exists()):
             continue
         print(f"== lipcheck {cmd} -> {docs / (name + '.md')}", flush=True)
@@ -67,7 +70,7 @@ def put_verdicts(docs) -> int:
 
     from .report import atomic_write, md_table, put_verdict, stamp, stamp_markdown
     rows = []
-    for cmd, (_, name, _) in {**COMMANDS, "mutation": ("mutation", "mutation", "")}.items():
+    for cmd, (name, _, _) in {**COMMANDS, "mutation": ("mutation", (), "")}.items():
         for path in sorted(docs.glob(f"data/{name}*.json")):
             data = json.loads(path.read_text())
             if not (docs / f"{path.stem}.md").exists() or data.get("kind") == "size_run":
@@ -93,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "probes and Picard-Lindelof proofs for SSoG vision transformers. `lipcheck <command> "
                                 "--help` for a command's options.")
     sub = p.add_subparsers(dest="command", metavar="<command>", title="commands")
-    for name, (_, _, what) in COMMANDS.items():
+    for name, (_, aliases, what) in COMMANDS.items():
         mod = command_module(name)
-        sp = sub.add_parser(name, help=what, description=mod.__doc__,
+        sp = sub.add_parser(name, aliases=list(aliases), help=what, description=mod.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(sp)
         sp.set_defaults(_parser=sp)

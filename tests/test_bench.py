@@ -14,7 +14,7 @@ from lipcheck import bench
 from lipcheck.mixers import DenseAttention, SSoG
 from lipcheck.models.vit import ViT
 
-from lipcheck.commands import throughput  # noqa: E402
+from lipcheck.commands import bench as throughput  # noqa: E402
 
 
 def counted_macs(fn) -> int:

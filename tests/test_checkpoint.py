@@ -26,7 +26,8 @@ CHEAP_MONITOR = dict(n_images=2, radii=(1.0, 8.0), probe=dict(restarts=2, steps=
 
 
 def script(name):
-    return importlib.import_module(f"lipcheck.commands.{name}")
+    from lipcheck.cli import command_module
+    return command_module(name)  # a capability by its name or an older alias
 
 
 def _run(out, variant, mixer, monitor=True):

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def quick_run(tmp_path_factory):
     docs = tmp_path_factory.mktemp("docs")
     extra = docs / "extra.json"
-    from lipcheck.commands import divergence as mod
+    from lipcheck.commands import wellposed as mod
     threads = torch.get_num_threads()
     rc = mod.main(["--quick", "--docs", str(docs), "--json", str(extra), "--no-progress"])
     assert torch.get_num_threads() == threads  # the script restores the thread count it changed

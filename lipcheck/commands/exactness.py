@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from .lipschitz import exactness_table  # noqa: E402
+from .certify import exactness_table  # noqa: E402
 
 from lipcheck import report  # noqa: E402
 from . import common  # noqa: E402

@@ -1,7 +1,7 @@
 """Certify: Lipschitz bounds for fixed-kernel SSoG, the block and the Neural-ODE vector field (S1-S3).
 
 Writes docs/lipschitz.md, docs/figures/lipschitz_*.png and docs/data/lipschitz.json.
-    python experiments/lipschitz.py [--quick] [--device cpu] [--seed 0] [--json PATH] [--docs DIR]
+    python experiments/certify.py [--quick] [--device cpu] [--seed 0] [--json PATH] [--docs DIR]
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Attention growth (SPEC S4): certified lower bounds on L(R) for dense attention, the pre-LN block and
 the dense Neural-ODE vector field, against certified upper bounds and SSoG's exact, flat constant.
 
-    python experiments/attention_growth.py [--quick] [--device cpu|cuda] [--seed 0] [--json PATH] [--docs DIR]
-    python experiments/attention_growth.py --grid 14x14 --width 384 [--device cuda] [--json PATH]
+    python experiments/probe.py [--quick] [--device cpu|cuda] [--seed 0] [--json PATH] [--docs DIR]
+    python experiments/probe.py --grid 14x14 --width 384 [--device cuda] [--json PATH]
 
 The first form (4x4 grid, width 192) writes docs/attention_growth.md, docs/figures/attention_growth*.png
 and docs/data/attention_growth.json. Another grid or width is a size run: dense attention alone (default
@@ -418,7 +418,7 @@ def render(data, curves, radii, attn_upper, bb, ssog_L, ssog_how, bench, args) -
               "## Reproduce", "",
               "```"] + [f"lipcheck probe --grid {d['grid'][0]}x{d['grid'][1]} --width {d['width']}"
                         + (" --quick" if d["mode"] == "quick" else "") for d in data["size_runs"]] + [
-              "python experiments/attention_growth.py" + (" --quick" if data["mode"] == "quick" else ""),
+              "python experiments/probe.py" + (" --quick" if data["mode"] == "quick" else ""),
               "pytest tests/test_probe.py", "```", "",
               "(`lipcheck probe ...` runs the same script with the same options; the size runs go first: this "
               "report tabulates every `docs/data/attention_growth_<H>x<W>_c<C>.json` it finds.)", "",
@@ -435,7 +435,7 @@ def size_section(data, a) -> list:
         return out + ["No size run found in docs/data (run `lipcheck probe --grid 14x14 --width 192` first).", ""]
     out += ["Dense attention in its default initialisation (heads = C / 64, as the ti and s presets) on the grid "
             "of a 224x224 image in 16x16 patches, same radii, same probe; each run is "
-            "`python experiments/attention_growth.py --grid HxW --width C` (= `lipcheck probe ...`), a float32 "
+            "`python experiments/probe.py --grid HxW --width C` (= `lipcheck probe ...`), a float32 "
             "search with float64 certification, timed end to end (witness set-up, search, certification, fit).", ""]
     rows = [["4x4", 192, data["threads"], "float64", a.restarts, a.steps, data["seconds"]["attention"],
              data["cpu_seconds"]["attention"],

@@ -1,8 +1,8 @@
 """Throughput and peak memory of SSoG against dense attention, 224x224 up to 1024x1024.
 
-    python experiments/throughput.py                 # the full benchmark -> docs/throughput.md (~20-25 min, 2-core CPU)
-    python experiments/throughput.py --quick         # the 224 rows and the 64x64 mixer rows, under 5 minutes
-    python experiments/throughput.py --device cuda --bf16 --batch-size 8
+    python experiments/bench.py                 # the full benchmark -> docs/throughput.md (~20-25 min, 2-core CPU)
+    python experiments/bench.py --quick         # the 224 rows and the 64x64 mixer rows, under 5 minutes
+    python experiments/bench.py --device cuda --bf16 --batch-size 8
     lipcheck bench [same options]
 
 Every row in its own subprocess (lipcheck.bench.run_config); within a row SSoG and attention are built
@@ -1008,9 +1008,9 @@ def render(mixer_rows, mixer_md, rows, fit, device_str, args, threads, elapsed, 
     must["3_fits"] = fit
     md += ["![time](figures/throughput_time.png)", "", "![memory](figures/throughput_memory.png)", "",
            "![ratio](figures/throughput_ratio.png)", ""]
-    md += ["## Regenerate", "", "    python experiments/throughput.py          # full (about 20-25 min on a 2-core CPU)",
-           "    python experiments/throughput.py --quick  # the 224 rows and the 64x64 mixer rows, under 5 minutes",
-           "    python experiments/throughput.py --device cuda --bf16 --batch-size 8   # on a GPU", ""]
+    md += ["## Regenerate", "", "    python experiments/bench.py          # full (about 20-25 min on a 2-core CPU)",
+           "    python experiments/bench.py --quick  # the 224 rows and the 64x64 mixer rows, under 5 minutes",
+           "    python experiments/bench.py --device cuda --bf16 --batch-size 8   # on a GPU", ""]
     return "\n".join(md), must
 
 
