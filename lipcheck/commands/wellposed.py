@@ -10,22 +10,19 @@ input scales 1, 4, 16, 64. Writes docs/divergence.md, docs/figures/divergence_*.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from pathlib import Path
 
+import torch
 
-import matplotlib
+from lipcheck import report, wellposed
+from lipcheck.models.vit import PRESETS, vit_from_preset
+from lipcheck.reports import wellposed as wellposed_report
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from lipcheck import report, wellposed  # noqa: E402
-from lipcheck.models.vit import PRESETS, vit_from_preset  # noqa: E402
-
-from .common import (add_checkpoint_arguments, add_output_arguments, not_with_checkpoint, parse, positive_int,  # noqa: E402
+from .common import (add_checkpoint_arguments, add_output_arguments, not_with_checkpoint, parse, positive_int,
                      set_threads)
 
 D = torch.float64
@@ -68,87 +65,36 @@ def constants_row(model, x0, v=None) -> dict:
                                        "ln1_local", "ln2_local", "vacuous")}
 
 
-def fmt(x, d=3):
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{d}g}" if math.isfinite(x) else str(x)
-    return str(x)
-
-
 def measure(args) -> tuple[str, dict, list]:
+    """Every phase of the full report, timed: (Markdown, numbers, figures)."""
     cfg = SETTINGS["quick" if args.quick else "full"]
     device = torch.device(args.device)
     ssog, dense = build_models(args.preset, args.gain, args.seed, device)
     gen = torch.Generator().manual_seed(args.seed)
     images = torch.randn(cfg["batch"], 3, ssog.img_size, ssog.img_size, dtype=D, generator=gen).to(device)
     kw = dict(device=device, dtype=D, progress=not args.no_progress)
-    timings, data = {}, {}
-
-    start = time.perf_counter()
-    sweeps = {}
-    for name, model in (("ssog", ssog), ("attention", dense)):
-        sweeps[name] = wellposed.tolerance_sweep(model, images, wellposed.METHODS, cfg["tolerances"],
-                                                 rk4_steps=cfg["rk4_steps"], **kw)
-    interp = wellposed.tolerance_sweep(ssog, images, ("dopri8",), cfg["tolerances"], land_on_t1=False,
-                                       reference=sweeps["ssog"].reference, **kw)
-    timings["sweeps"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    growth = wellposed.perturbation_growth(ssog, images, grid=cfg["grid"], power_iters=cfg["power_iters"],
-                                           power_steps=cfg["power_steps"],
-                                           seed=args.seed, device=device, dtype=D)
-    # the same measurement at a size where the finite-size log-norm envelope is not vacuous (enclosure section)
-    growth_small = wellposed.perturbation_growth(ssog, images[:cfg["enc_batch"]], eps=cfg["envelope_eps"],
-                                                 grid=cfg["grid"], power_iters=cfg["power_iters"],
-                                                 power_steps=cfg["power_steps"], seed=args.seed, device=device,
-                                                 dtype=D)
-    timings["gronwall"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    cert = wellposed.aposteriori_certificate(ssog, images, tol=cfg["cert_tol"], per_step=cfg["cert_per_step"],
-                                             device=device, dtype=D)
-    gentle = None
-    if cfg["gentle"]:
-        gentle_model = build_models(args.preset, args.cert_gain, args.seed, device)[0]
-        gentle = wellposed.aposteriori_certificate(gentle_model, images, tol=cfg["cert_tol"],
-                                                   per_step=cfg["cert_per_step"], device=device, dtype=D)
-        gentle["gain"] = args.cert_gain
-    timings["certificate"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    enclosures = [enclosure_phase(ssog, images[:cfg["enc_batch"]], cfg, device, args.gain, growth, growth_small)]
-    if cfg["gentle"]:
-        enclosures.append(enclosure_phase(gentle_model, images[:cfg["enc_batch"]], cfg, device, args.cert_gain, None))
-    timings["enclosure"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    gradients = gradient_phase(ssog, images, cfg, device, args)
-    timings["gradients"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    contrast, contrast_runs = [], []
-    for name, model in (("ssog", ssog), ("attention", dense)):
-        for s in cfg["scales"]:
-            sw = wellposed.tolerance_sweep(model, images, ("dopri5",), cfg["contrast_tols"], input_scale=s, **kw)
-            g = wellposed.perturbation_growth(model, images, grid=cfg["contrast_grid"], directions=("random",),
-                                              input_scale=s, seed=args.seed, device=device, dtype=D)
-            contrast_runs += sw.runs
-            d = g["directions"]["random"]
-            contrast.append({"mixer": name, "scale": s, "L_global": g["L_global"], "L_local": g["L_local"],
-                             "min_variance": g["min_variance"], "rate_t1": max(d["rate_t1"]),
-                             "max_rate": d["max_rate"], "violations": g["violations"],
-                             "runs": [{k: r[k] for k in ("tol", "nfe", "accepted", "rejected", "error", "seconds")}
-                                      for r in sw.runs]})
-    timings["contrast"] = time.perf_counter() - start
-
+    timings = {}
+    with timed(timings, "sweeps"):
+        sweeps, interp = sweep_phase(ssog, dense, images, cfg, kw)
+    with timed(timings, "gronwall"):
+        growth, growth_small = gronwall_phase(ssog, images, cfg, args.seed, device)
+    with timed(timings, "certificate"):
+        cert, gentle, gentle_model = certificate_phase(ssog, images, cfg, args, device)
+    with timed(timings, "enclosure"):
+        enclosures = [enclosure_phase(ssog, images[:cfg["enc_batch"]], cfg, device, args.gain, growth, growth_small)]
+        if gentle_model is not None:
+            enclosures.append(enclosure_phase(gentle_model, images[:cfg["enc_batch"]], cfg, device, args.cert_gain,
+                                              None))
+    with timed(timings, "gradients"):
+        gradients = gradient_phase(ssog, images, cfg, device, args)
+    with timed(timings, "contrast"):
+        contrast, contrast_runs = contrast_phase(ssog, dense, images, cfg, args.seed, kw)
     block_x0 = wellposed.prepare(ssog, images, device=device)[1]
     constants = {"ssog": constants_row(ssog, block_x0, growth["min_variance"]),
                  "attention": constants_row(dense, block_x0, growth["min_variance"])}
     runs = sweeps["ssog"].runs + interp.runs + sweeps["attention"].runs
     conv = {name: sw.convergence for name, sw in sweeps.items()}
     conv["ssog_dopri8_interpolated"] = interp.convergence
-    must = must_show(sweeps["ssog"], growth, cert, gentle)
     data = {
         "settings": {"preset": args.preset, "quick": args.quick, "gain": args.gain, "seed": args.seed,
                      "batch": cfg["batch"], "t1": ssog.t1, "grid": list(PRESETS[args.preset].items())},
@@ -160,16 +106,74 @@ def measure(args) -> tuple[str, dict, list]:
                                                                         if k != "violations"}},
         "certificate": {**time_major(cert), "gentle": time_major(gentle) if gentle else None},
         "enclosure": enclosures, "enclosure_ti": load_ti(args), "gradients": gradients,
-        "contrast": contrast, "contrast_runs": contrast_runs, "constants": constants, "must_show": must,
-        "seconds": timings,
+        "contrast": contrast, "contrast_runs": contrast_runs, "constants": constants,
+        "must_show": must_show(sweeps["ssog"], growth, cert, gentle), "seconds": timings,
     }
-    figures = make_figures(sweeps, interp, growth, (cert, gentle), contrast) + [enclosure_figure(enclosures)]
-    md = markdown(data, sweeps, interp, growth, (cert, gentle), contrast, constants, must, args)
-    return md.replace(ENCLOSURE_MARK, enclosure_markdown(enclosures, data["enclosure_ti"]) + "\n"
-                      + gradient_markdown(gradients)), data, figures
+    return wellposed_report.markdown(data), data, wellposed_report.figures(data)
 
 
-ENCLOSURE_MARK = "<!-- enclosure -->"
+@contextlib.contextmanager
+def timed(timings: dict, phase: str):
+    """timings[phase] = wall-clock seconds of the block."""
+    start = time.perf_counter()
+    yield
+    timings[phase] = time.perf_counter() - start
+
+
+def sweep_phase(ssog, dense, images, cfg, kw):
+    """Both fields' tolerance sweeps, and dopri8 on the SSoG field with x(t1) read off the dense output."""
+    sweeps = {}
+    for name, model in (("ssog", ssog), ("attention", dense)):
+        sweeps[name] = wellposed.tolerance_sweep(model, images, wellposed.METHODS, cfg["tolerances"],
+                                                 rk4_steps=cfg["rk4_steps"], **kw)
+    interp = wellposed.tolerance_sweep(ssog, images, ("dopri8",), cfg["tolerances"], land_on_t1=False,
+                                       reference=sweeps["ssog"].reference, **kw)
+    return sweeps, interp
+
+
+def gronwall_phase(ssog, images, cfg, seed, device):
+    growth = wellposed.perturbation_growth(ssog, images, grid=cfg["grid"], power_iters=cfg["power_iters"],
+                                           power_steps=cfg["power_steps"],
+                                           seed=seed, device=device, dtype=D)
+    # the same measurement at a size where the finite-size log-norm envelope is not vacuous (enclosure section)
+    growth_small = wellposed.perturbation_growth(ssog, images[:cfg["enc_batch"]], eps=cfg["envelope_eps"],
+                                                 grid=cfg["grid"], power_iters=cfg["power_iters"],
+                                                 power_steps=cfg["power_steps"], seed=seed, device=device,
+                                                 dtype=D)
+    return growth, growth_small
+
+
+def certificate_phase(ssog, images, cfg, args, device):
+    """The a-posteriori certificate of the default field and (full run) of a gentler one: (cert, gentle, the
+    gentler model) with None for the last two in a quick run."""
+    cert = wellposed.aposteriori_certificate(ssog, images, tol=cfg["cert_tol"], per_step=cfg["cert_per_step"],
+                                             device=device, dtype=D)
+    gentle = gentle_model = None
+    if cfg["gentle"]:
+        gentle_model = build_models(args.preset, args.cert_gain, args.seed, device)[0]
+        gentle = wellposed.aposteriori_certificate(gentle_model, images, tol=cfg["cert_tol"],
+                                                   per_step=cfg["cert_per_step"], device=device, dtype=D)
+        gentle["gain"] = args.cert_gain
+    return cert, gentle, gentle_model
+
+
+def contrast_phase(ssog, dense, images, cfg, seed, kw):
+    """Both fields at every input scale: dopri5's work and the Gronwall constants against the measured rate."""
+    device = kw["device"]
+    contrast, contrast_runs = [], []
+    for name, model in (("ssog", ssog), ("attention", dense)):
+        for s in cfg["scales"]:
+            sw = wellposed.tolerance_sweep(model, images, ("dopri5",), cfg["contrast_tols"], input_scale=s, **kw)
+            g = wellposed.perturbation_growth(model, images, grid=cfg["contrast_grid"], directions=("random",),
+                                              input_scale=s, seed=seed, device=device, dtype=D)
+            contrast_runs += sw.runs
+            d = g["directions"]["random"]
+            contrast.append({"mixer": name, "scale": s, "L_global": g["L_global"], "L_local": g["L_local"],
+                             "min_variance": g["min_variance"], "rate_t1": max(d["rate_t1"]),
+                             "max_rate": d["max_rate"], "violations": g["violations"],
+                             "runs": [{k: r[k] for k in ("tol", "nfe", "accepted", "rejected", "error", "seconds")}
+                                      for r in sw.runs]})
+    return contrast, contrast_runs
 
 
 def trained_ode_model(args):
@@ -214,36 +218,6 @@ def gradient_phase(random_model, images, cfg, device, args) -> dict:
     rows.append({"model": "random (gain %g), min_step 0.125" % args.gain,
                  **{k: v for k, v in r.items() if not k.startswith("grad_x0")}})
     return {"rows": rows, "trained": trained_info}
-
-
-def gradient_markdown(g) -> str:
-    out = ["## Adjoint vs backpropagation, and the solver's work per pass", "",
-           "`lipcheck.wellposed.gradient_check`: gradients of <w, x(t1)> (w a seeded Gaussian direction) with respect "
-           "to x0 and every block parameter, by torchdiffeq's adjoint (`odeint_adjoint`, which solves the adjoint ODE "
-           "backwards) and by backpropagation through the solver's operations (`odeint`; the exact gradient of the "
-           "discrete solve, no new evaluations of F). NFE of the forward and the backward pass are counted "
-           "separately, steps through torchdiffeq's step callbacks (the adjoint pass through its `*_adjoint` "
-           "callbacks); a min-step clamp is a step accepted at dt <= min_step, which torchdiffeq accepts whatever "
-           "its error (0 with the default min_step = 0).", ""]
-    rows = []
-    for r in g["rows"]:
-        b, a = r["backprop"], r["adjoint"]
-        rows.append([r["model"], f"{r['tol']:g}", fmt(r["rel_diff"]), fmt(r["rel_diff_x0"]),
-                     f"{b['nfe_forward']} / {b['nfe_backward']}", f"{a['nfe_forward']} / {a['nfe_backward']}",
-                     f"{b['accepted']} / {b['rejected']}", f"{a['accepted_backward']} / {a['rejected_backward']}",
-                     f"{a['min_step_clamps']} / {a['min_step_clamps_backward']}",
-                     f"{b['seconds']:.2f} / {a['seconds']:.2f}"])
-    out += [report.md_table(["model", "tol", "rel. diff (all)", "rel. diff (x0)", "NFE backprop fwd / bwd",
-                             "NFE adjoint fwd / bwd", "steps fwd acc / rej", "steps adjoint acc / rej",
-                             "min-step clamps fwd / adjoint pass", "s backprop / adjoint"], rows), ""]
-    if isinstance(g["trained"], dict):
-        out += [f"The trained model could not be loaded or trained here: {g['trained']['error']}.", ""]
-    out += ["The two gradients differ by about the solver tolerance (the adjoint solves a different ODE "
-            "numerically); backprop costs no evaluations backwards but stores the forward graph, the adjoint "
-            "re-solves backwards. With min_step = 0.125 at tol 1e-9 the forward solver is held to steps of at least "
-            "0.125 and the clamp count says how many steps were accepted at that floor, whatever their error (the "
-            "adjoint pass runs without min_step).", ""]
-    return "\n".join(out)
 
 
 def enclosure_phase(model, images, cfg, device, gain, growth, growth_small=None) -> dict:
@@ -303,125 +277,6 @@ def load_ti(args):
         return None
 
 
-def enclosure_figure(encs):
-    fig, axes = plt.subplots(1, len(encs), figsize=(5 * len(encs), 4), squeeze=False)
-    for ax, e in zip(axes[0], encs):
-        t = e["t"]
-        for i, (r, a) in enumerate(zip(e["radius"], e["actual"])):
-            r = [x if math.isfinite(x) else float("nan") for x in r]
-            ax.semilogy(t[1:], r[1:], color=f"C{i}", lw=1, label="proven radius" if i == 0 else None)
-            if a is not None:  # None: no converged reference at this size (the full-size run)
-                ax.semilogy(e.get("actual_t", t)[1:], [max(x, 1e-300) for x in a[1:]], color=f"C{i}", lw=1, ls=":",
-                            label="actual error" if i == 0 else None)
-        ax.set_xlabel("t")
-        ax.set_ylabel("||x(t) - y(t)||")
-        ratio = (f"radius/actual at t1 {min(e['ratio_t1']):.3g}-{max(e['ratio_t1']):.3g}" if e.get("ratio_t1")
-                 else f"radius at t1 {max(r[-1] for r in e['radius']):.3g} (no actual error at this size)")
-        ax.set_title(f"gain {e['gain']}: dopri5 tol {e['tol']:g}, {ratio}", fontsize=9)
-        ax.legend(fontsize=7)
-    return ("divergence_enclosure", fig)
-
-
-def enclosure_markdown(encs, ti) -> str:
-    out = ["## Proven enclosure (Picard-Lindelof as a computer-assisted proof)", "",
-           "`lipcheck.wellposed.enclose` proves ||x(t) - y(t)|| <= radius(t) for the true solution x and the computed "
-           "y (the quartic through dopri5's dense output on each accepted step at the user's tolerance), on whole "
-           "intervals. Tight radius (Theorem 6 in proofs/S5.md): a second solve y_ref at tol * 1e-3, on steps short "
-           "enough that its interpolant's defect is small, is enclosed directly (Theorem 5: the defect y_ref' - "
-           "F(y_ref) bounded on every sub-interval from its end values plus the linear-interpolation remainder "
-           "tau^2/8 sup||delta''||, the logarithmic norm mu_2(J_F) verified at points (dense n x n Jacobian in closed "
-           "form, Cholesky certificate) and extended to a tube by F's second-derivative constant, the tube "
-           "bootstrapped, float64 rounding bounded a priori, the scalar recurrence in arb balls), and then "
-           "||x - y|| <= sup ||y - y_ref|| + r_ref on every interval, the sup proven from the Bernstein coefficients of "
-           "the difference quartics. The reported centre is y, the user's solve; its defects, which cancel in its true "
-           "error, no longer add up. Existence and uniqueness of the true solution on [0, t1] follow for every proven "
-           "sample (Picard-Lindelof on the tube).", ""]
-    rows = []
-    for e in encs:
-        r = e.get("ref", {})
-        for b in range(len(e["proven"])):
-            rows.append([e["gain"], b, "yes" if e["proven"][b] else f"no: {e['reason'][b]}", fmt(e["radius_t1"][b]),
-                         fmt(e["actual_t1"][b]), fmt(e["ratio_t1"][b]),
-                         fmt(e["distance_t1"][b]) if e.get("distance_t1") else "-",
-                         fmt(r["radius_t1"][b]) if r else "-", fmt(e["tube_max"][b]),
-                         fmt(e["int_mu"][b]), fmt(e["int_mu_point"][b]), fmt(e["defect_max"][b]),
-                         fmt(e["defect_sampled_max"][b])])
-    out += [report.md_table(["gain", "sample", "proven", "radius at t1", "actual error at t1", "radius / actual",
-                             "sup ||y - y_ref|| (last interval)", "r_ref at t1", "largest tube", "int mu (tube)",
-                             "int mu (points)", "sup defect of y_ref (proven)", "max sampled defect of y_ref"], rows),
-            "", "The radius at t1 is the proven bound on the last enclosure interval (sup over it), the actual error "
-            "is at t1 itself.", ""]
-    for e in encs:
-        s = e["seconds"]
-        r = e.get("ref")
-        ref_txt = (f" Reference solve y_ref: dopri5 at {r['tol']:g} on forced steps, {r['accepted']} accepted and "
-                   f"{r['rejected']} rejected steps, {r['nfe_forward']} NFE (plus {r['nfe_dense_output']} for its dense "
-                   f"output samples); its enclosure: {r['fine_points']} defect sub-intervals, {r['lognorm_points']} "
-                   f"point log-norms ({e['lognorm']}, {r['eigensolves']} eigensolves), r_ref at t1 up to "
-                   f"{max(r['radius_t1']):.3g}.") if r else ""
-        out += [f"Gain {e['gain']}: the user's solve y is dopri5 at rtol = atol = {e['tol']:g}: {e['accepted']} accepted "
-                f"and {e['rejected']} rejected steps, {e['nfe_forward']} NFE forward (plus {e['nfe_dense_output']} for "
-                f"the dense output samples; no adjoint in this run, so 0 backward: see the gradient section)."
-                + ref_txt + f" Curvature constant up to {e['curvature_max']:.3g}, token-variance floor "
-                f"{e['variance_floor']:.3g}; stiffness indicator max over steps of h * mu = {e['stiffness_max']:.3g} "
-                "(non-stiff: below 1 to a few). "
-                f"The actual error is measured against a fixed-step dopri8 reference landing on {len(e['actual_t'])} of the "
-                f"{len(e['t'])} enclosure times (its own error estimate {e['reference_error']:.2g}); radius >= actual at every "
-                f"time and sample: **{'yes' if e['contained'] else 'NO'}**. Time {s['total']:.1f} s (user's solve "
-                f"{s['solve']:.1f}, reference enclosure {s.get('reference', 0.0):.1f} of which defect {s['defect']:.1f} "
-                f"and log-norms {s['lognorm']:.1f}, distance {s.get('distance', 0.0):.1f}) on a shared CPU.", ""]
-    ratios = {e["gain"]: max(e["ratio_t1"]) for e in encs}
-    target = {1.0: 100, 0.5: 10}
-    out += ["Targets, as measured: " + "; ".join(
-        f"gain {g}: radius / actual at t1 up to {r:.3g} (target {target.get(g, '-')}: "
-        f"**{'met' if g in target and r <= target[g] else 'missed'}**)" for g, r in ratios.items())
-        + ". What remains of the ratio: r_ref (the reference's own proven radius, dominated by the "
-        "linear-interpolation remainder tau^2/8 sup||delta''||, whose bound adds the third derivative of y_ref, "
-        "D^2F[y', y'] and J_F y'' by the triangle inequality) and the sup of ||y - y_ref|| over the last interval "
-        "instead of its value at t1. The direct enclosure of y itself (Theorem 5, `ref_tol=None`) was 64-145x "
-        "(gain 1) and 90-133x (gain 0.5) in the previous run: there the defects of y's steps, which cancel in its "
-        "actual error, add up in the bound.", ""]
-    e = encs[0]
-    if "envelope" in e:
-        v = e["envelope"]
-        out += ["### Perturbation envelope from the log-norm", "",
-                f"For every start within eps ||x0|| (eps = {v['eps']:g}) of x0, ||x~(t) - x(t)|| <= G(t) ||x~0 - x0|| "
-                "with G = exp(int mu), mu over a tube that holds both trajectories (bootstrapped). Against the growth "
-                f"measured above (largest over directions and samples {v['measured_max_growth']:.3g}): G up to "
-                + ", ".join(f"{x:.3g}" for x in v["G_max"]) + f" (ratio {v['ratio']:.3g}); for infinitesimal "
-                "perturbations (the flow's derivative) G up to " + ", ".join(f"{x:.3g}" for x in v["G0_max"])
-                + f" (ratio {v['ratio_infinitesimal']:.3g}). The same envelope with the local Lipschitz constant is "
-                f"exp({v['L_local']:.3g}) = {math.exp(min(v['L_local'], 700)):.3g} and with the global one "
-                f"10^{v['L_global'] / math.log(10):.0f}. At eps = {v['eps']:g} the finite-size envelope is "
-                + ("vacuous (the tube of radius eps ||x0|| G makes the curvature term M2 rho too large for the "
-                   "bootstrap)" if not all(math.isfinite(x) for x in v["G_max"]) else "finite")
-                + "; the infinitesimal one is the sharp statement.", ""]
-        if "envelope_small" in e:
-            w = e["envelope_small"]
-            out[-2] += (f" At eps = {w['eps']:g} (the growth measured again at that size, random and power-iterated worst directions: largest "
-                        f"{w['measured_max_growth']:.3g}) the finite-size envelope, a bound for every start within "
-                        f"that distance, is G up to " + ", ".join(f"{x:.3g}" for x in w["G_max"])
-                        + f" (ratio {w['ratio']:.3g}; target within 10x: "
-                        f"**{'met' if w['ratio'] <= 10 else 'missed'}**).")
-    if ti is not None:
-        d = ti["data"] if "data" in ti else ti
-        enc = d["enclosure"][0]
-        out += ["### Full-size ODE ViT", "",
-                f"Preset `{d['settings']['preset']}` ({d['settings']['grid']}), one image, gain {enc['gain']}: proven "
-                f"**{'yes' if all(enc['proven']) else 'no: ' + str(enc['reason'])}**, radius at t1 "
-                f"{fmt(enc['radius_t1'][0])} (state norm {fmt(enc['state_norm_t1'][0])}), "
-                f"{enc['accepted']} steps, {enc['fine_points']} defect sub-intervals, {enc['lognorm_points']} point "
-                f"log-norms ({enc['lognorm']}), {enc['seconds']['total']:.0f} s on "
-                f"{d['settings'].get('threads')} thread(s) of a shared CPU (target: proven in under 600 s on 2 cores: "
-                f"**{'met' if all(enc['proven']) and enc['seconds']['total'] <= 600 else 'missed'}**); see "
-                "docs/divergence_ti.md.", ""]
-    else:
-        out += ["The full-size run (`python experiments/divergence.py --enclosure-only --preset ti`) writes "
-                "docs/divergence_ti.md; its numbers appear here once it has been run (docs/data/divergence_ti.json).",
-                ""]
-    return "\n".join(out)
-
-
 def time_major(cert: dict) -> dict:
     """bound, actual, delta as one list per sampled time (of per-sample values), as the JSON keeps them."""
     return {**cert, **{k: [list(r) for r in zip(*cert[k])] for k in ("bound", "actual", "delta")}}
@@ -444,284 +299,8 @@ def must_show(sw, growth, cert, gentle) -> dict:
     }
 
 
-def make_figures(sweeps, interp, growth, cert, contrast) -> list:
-    figs = []
-    marks = {"dopri5": "o-", "dopri8": "s-", "bosh3": "^-", "rk4": "d-"}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, (name, sw) in zip(axes, sweeps.items()):
-        for m in dict.fromkeys(r["method"] for r in sw.runs):
-            rs = [r for r in sw.runs if r["method"] == m and r["tol"] is not None]
-            if rs:
-                ax.loglog([r["tol"] for r in rs], [r["error"] for r in rs], marks.get(m, "o-"), label=m)
-        if name == "ssog":
-            rs = interp.runs
-            ax.loglog([r["tol"] for r in rs], [r["error"] for r in rs], "s:", color="0.5",
-                      label="dopri8, x(t1) from dense output")
-        tols = [r["tol"] for r in sw.runs if r["tol"] is not None]
-        ax.loglog([max(tols), min(tols)], [max(tols), min(tols)], "k--", lw=0.8, label="error = tol")
-        ax.axhline(sw.reference.error_estimate, color="r", lw=0.8, ls=":", label="reference error estimate")
-        ax.set_xlabel("rtol = atol")
-        ax.set_title(f"{name}: final-state error vs reference")
-        ax.invert_xaxis()
-    axes[0].set_ylabel("max over samples of relative error")
-    axes[0].legend(fontsize=7)
-    figs.append(("divergence_error_vs_tol", fig))
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, sw in sweeps.items():
-        for m in ("dopri5", "dopri8", "bosh3"):
-            rs = [r for r in sw.runs if r["method"] == m]
-            axes[0].loglog([r["tol"] for r in rs], [r["nfe"] for r in rs], marks[m], label=f"{name} {m}",
-                           alpha=1.0 if name == "ssog" else 0.5)
-        rs = [r for r in sw.runs if r["method"] == "rk4"]
-        axes[1].loglog([r["step_size"] for r in rs], [r["error"] for r in rs], "d-", label=f"{name} rk4")
-    h = [r["step_size"] for r in sweeps["ssog"].runs if r["method"] == "rk4"]
-    e = [r["error"] for r in sweeps["ssog"].runs if r["method"] == "rk4"]
-    if h:
-        axes[1].loglog(h, [e[0] * (x / h[0]) ** 4 for x in h], "k--", lw=0.8, label="slope 4")
-    axes[0].set_xlabel("rtol = atol")
-    axes[0].set_ylabel("NFE")
-    axes[0].invert_xaxis()
-    axes[0].legend(fontsize=6)
-    axes[0].set_title("function evaluations")
-    axes[1].set_xlabel("step size")
-    axes[1].set_ylabel("relative error")
-    axes[1].legend(fontsize=7)
-    axes[1].set_title("fixed-step rk4, step halving")
-    figs.append(("divergence_nfe", fig))
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    t = growth["t"]
-    for name, d in growth["directions"].items():
-        for i, g in enumerate(d["growth"]):
-            ax.semilogy(t, g, color="C0" if name == "random" else "C1", lw=0.8, label=name if i == 0 else None)
-    ax.semilogy(t, [math.exp(min(growth["L_local"] * s, 60)) for s in t], "k--",
-                label=f"exp(L_local t), L_local = {growth['L_local']:.3g}")
-    ax.set_ylim(0.5, max(10.0, math.exp(min(growth["L_local"] * t[-1], 60))))
-    ax.set_xlabel("t")
-    ax.set_ylabel("||x(t) - y(t)|| / ||x0 - y0||")
-    ax.set_title(f"Gronwall envelope (L_global = {growth['L_global']:.3g}: exp(L t) off the chart)", fontsize=9)
-    ax.legend(fontsize=7)
-    figs.append(("divergence_gronwall", fig))
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, c, what in zip(axes, cert, ("default field", f"gentler field (gain {(cert[1] or {}).get('gain')})")):
-        if c is None:
-            ax.set_axis_off()
-            continue
-        for i, (b, a) in enumerate(zip(c["bound"], c["actual"])):
-            b = [x if math.isfinite(x) else float("nan") for x in b]  # an infinite (vacuous) bound is not drawn
-            ax.semilogy(c["t"][1:], b[1:], color=f"C{i}", lw=1, label="bound" if i == 0 else None)
-            ax.semilogy(c["t"][1:], a[1:], color=f"C{i}", lw=1, ls=":", label="actual error" if i == 0 else None)
-        ax.set_xlabel("t")
-        ax.set_ylabel("||x(t) - y(t)||")
-        ax.set_title(f"{what}: {c['method']} at tol {c['tol']:g}, L = {c['L']:.3g}", fontsize=9)
-        ax.legend(fontsize=7)
-    figs.append(("divergence_certificate", fig))
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for k, name in enumerate(("ssog", "attention")):
-        rows = [c for c in contrast if c["mixer"] == name]
-        s = [c["scale"] for c in rows]
-        tol = rows[0]["runs"][-1]["tol"]
-        axes[0].loglog(s, [c["runs"][-1]["nfe"] for c in rows], "o-", color=f"C{k}", label=f"{name} NFE at tol {tol:g}")
-        axes[1].loglog(s, [c["L_local"] for c in rows], "o-", color=f"C{k}", label=f"{name} L_local")
-        axes[1].loglog(s, [c["L_global"] for c in rows], "s--", color=f"C{k}", label=f"{name} L_global")
-        axes[1].loglog(s, [max(c["max_rate"], 1e-3) for c in rows], "^:", color=f"C{k}",
-                       label=f"{name} measured rate")
-    for ax in axes:
-        ax.set_xlabel("input scale s (x0 -> s x0)")
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("NFE (dopri5)")
-    axes[1].set_ylabel("1 / time")
-    figs.append(("divergence_contrast", fig))
-    return figs
-
-
-def markdown(data, sweeps, interp, growth, cert, contrast, constants, must, args) -> str:
-    s = data["settings"]
-    out = [f"# Picard-Lindelof on the Neural-ODE ViT (S5)", "",
-           f"Preset `{s['preset']}`{' (quick)' if s['quick'] else ''}: {s['batch']} random images, random init with "
-           f"every Linear of the block N(0, {s['gain']}^2/fan_in), t1 = {s['t1']}, float64. Errors are per sample, "
-           "relative Frobenius norm of the final (H, W, C) state against the reference, and the table shows the "
-           "worst sample. Adaptive runs use a per-sample error norm (the worst sample's RMS) and end their last step on t1. "
-           "Accepted and rejected steps are counted exactly through torchdiffeq's step callbacks "
-           "(`callback_accept_step` / `callback_reject_step`); fixed-step runs accept every step by construction. "
-           "NFE counts every evaluation of F, including the initial-step selection.", ""]
-    # 1. sweeps
-    for name, sw in sweeps.items():
-        ref = sw.reference
-        out += [f"## Tolerance sweep: {name}", "",
-                f"Reference: fixed-step dopri8 with {ref.steps} steps; successive halvings changed the final state by "
-                + ", ".join(f"{h['change']:.2g} ({h['steps']} steps)" for h in ref.history)
-                + f", so its relative error is at most about {ref.error_estimate:.2g}. "
-                f"Cross-checks: the tightest adaptive runs are "
-                + ", ".join(f"{r['method']} {r['error']:.2g}" for r in sw.runs
-                            if r["tol"] == sw.convergence["tightest_tol"])
-                + f" away and the finest rk4 ({sw.convergence['per_method']['rk4']['finest']['steps']} steps) "
-                f"{sw.convergence['per_method']['rk4']['finest']['error']:.2g}.", ""]
-        rows = []
-        for r in sw.runs:
-            if r["tol"] is None:
-                continue
-            rows.append([r["method"], f"{r['tol']:.0e}", fmt(r["error"]), fmt(r["ratio"]), r["nfe"], r["accepted"],
-                         r["rejected"], f"{r['seconds']:.2f}"])
-        out += [report.md_table(["method", "tol", "error", "error/tol", "NFE", "accepted", "rejected", "s"], rows), ""]
-        rows = [[r["steps"], fmt(r["step_size"]), fmt(r["error"]), r["nfe"], f"{r['seconds']:.2f}"]
-                for r in sw.runs if r["tol"] is None]
-        c = sw.convergence["per_method"].get("rk4")
-        out += [report.md_table(["rk4 steps", "h", "error", "NFE", "s"], rows), ""]
-        if c:
-            out += [f"rk4: fitted slope of log error vs log h {fmt(c['slope'])} over {c['fitted_points']} halvings above "
-                    f"the floor {sw.convergence['floor']:.2g} (100x the reference estimate); observed order per halving "
-                    + ", ".join(f"{o:.2f}" for o in c["order_per_halving"]) + ".", ""]
-        conv = sw.convergence
-        out += ["Fitted slope of log error vs log tol (adaptive, above the floor): "
-                + ", ".join(f"{m} {fmt(c['slope'])}" for m, c in conv["per_method"].items() if c["kind"] == "adaptive")
-                + f"; pooled {fmt(conv['slope'])}. Orders of magnitude gained from tol {max(cfg_tols(sw)):.0e} to "
-                f"{min(cfg_tols(sw)):.0e}: "
-                + ", ".join(f"{m} {c['orders_gained']:.1f}" for m, c in conv["per_method"].items() if c["kind"] == "adaptive")
-                + f". Spread between the methods' final states at tol {conv['tightest_tol']:.0e}: {fmt(conv['spread'])}.", ""]
-    rows = [[f"{r['tol']:.0e}", fmt(r["error"]), r["nfe"]] for r in interp.runs]
-    out += ["### dopri8 with x(t1) read off the dense output (torchdiffeq's default)", "",
-            "Without landing the last step on t1, torchdiffeq overshoots and evaluates its dense output, a quartic for "
-            "every Runge-Kutta method, so dopri8's final state is only as good as that interpolant:", "",
-            report.md_table(["tol", "error", "NFE"], rows), ""]
-    ok = must
-    out += ["### What the sweep shows", "",
-            f"- Every adaptive method's error falls by at least 3 orders from the loosest to the tightest tolerance: "
-            f"**{'yes' if ok['every_adaptive_gains_3_orders'] else 'no'}** "
-            f"({', '.join(f'{m} {v:.1f}' for m, v in ok['orders_gained'].items())}).",
-            f"- dopri5 and dopri8 at {ok['tightest_tol']:.0e} within 1e-7 relative of the reference: "
-            f"**{'yes' if ok['dopri_within_1e-7'] else 'no'}** "
-            f"({', '.join(f'{m} {fmt(v)}' for m, v in ok['dopri_at_tightest'].items())}).",
-            f"- rk4 order 4 +- 0.3: **{'yes' if ok['rk4_order_4'] else 'no'}** (slope {fmt(ok['rk4_slope'])}).",
-            "- Tolerance proportionality is imperfect: error/tol is in the tables above as measured "
-            "(it is not constant, and for some methods not monotone in tol).", ""]
-    # 2. Gronwall
-    gv = growth["violations"]
-    out += ["## Perturbation growth and the Gronwall envelope", "",
-            f"y0 = x0 + eps ||x0|| v, eps = {growth['eps']:g}, v random or the worst case (power iteration on the Jacobian "
-            f"of the flow x0 -> x(t1), {len(growth['power_iteration_sigma'] or [])} samples, estimated ||J|| "
-            + ", ".join(f"{x:.3g}" for x in (growth["power_iteration_sigma"] or [])) + "). Both trajectories in one "
-            f"batch of the fixed-step reference ({growth['reference']['steps']} steps landing on {growth['grid'] + 1} "
-            f"sampled times; error estimate {growth['reference']['error_estimate']:.2g}).", "",
-            report.md_table(["constant", "value", "violations (sampled t x samples x directions)"],
-                            [["L global (LN at 1/sqrt(eps))", fmt(growth["L_global"]), gv["global"]],
-                             [f"L local (token variance >= {growth['min_variance']:.3g} on every segment [x(t), y(t)])",
-                              fmt(growth["L_local"]), gv["local"]]]), "",
-            report.md_table(["direction", "max growth", "growth at t1 (per sample)", "max of log(growth)/t"],
-                            [[n, fmt(d["max_growth"]), ", ".join(f"{x:.3g}" for x in d["growth_t1"]), fmt(d["max_rate"])]
-                             for n, d in growth["directions"].items()]), "",
-            f"Zero violations is the outcome with both constants ({gv['global']} and {gv['local']}), and it is not close "
-            f"for the global one: exp(L_global t1) = 10^{growth['L_global'] / math.log(10):.0f}, vacuous-looking but "
-            f"valid. The local constant is {growth['L_local'] / max(d['max_rate'] for d in growth['directions'].values()):.1f}"
-            f"x the largest measured exponential rate: the S3 bound (triangle inequality over mixer and MLP, LN at the "
-            f"smallest variance) is far from tight, but it is a certificate.", "",
-            "What the local envelope assumes: (i) `lipcheck.bounds.vector_field_lipschitz(block, min_variance=v)` bounds "
-            "||J_F(z)|| at every state z whose tokens all have variance >= v; (ii) the segment [x(t), y(t)] stays in that "
-            "set for every t in [0, t1], which `segment_variance_floor` certifies from the sampled states: per token "
-            "std(b + s(a - b)) >= (std a + std b - std(a - b)) / 2, and between sampled times a token moves at most "
-            f"{growth['speed_bound']:.3g} dt (`token_speed_bound`, from the weights and the LN image radius); (iii) the "
-            "reference trajectories are within their error estimate of the exact ones (added as a margin). Then "
-            "d/dt ||x - y|| <= L ||x - y|| by the mean value theorem on the segment, and Gronwall gives the envelope.", ""]
-    # 3. certificate
-    out += ["## A-posteriori certificate", ""]
-    for c, what in zip(cert, ("the default field", f"a gentler field (same seed, block weights at gain "
-                                                   f"{(cert[1] or {}).get('gain')})")):
-        if c is None:
-            continue
-        out += [f"### On {what}", "",
-                f"{c['method']} at rtol = atol = {c['tol']:g} ({c['accepted']} accepted, {c['rejected']} rejected steps, "
-                f"{c['nfe']} NFE). y(t): the solver's dense output at {len(c['t'])} times through `integrate`; y'(t): "
-                "the derivative of the quartic that is torchdiffeq's dense output on each step, fitted exactly from the "
-                f"samples (round-off margin {c['derivative_roundoff_margin']:.2g} per entry added to ||delta||). "
-                f"delta = y' - F(y), largest ||delta|| {c['max_delta']:.3g}. Bound int_0^t exp(L (t - s)) ||delta(s)|| ds "
-                f"with the local L = {c['L']:.4g} (token variance >= {c['min_variance']:.3g} on every segment "
-                "[x(s), y(s)], certified as for the Gronwall envelope).", "",
-                "Quadrature: ||delta|| on each sample interval taken as its larger endpoint value, the exponential "
-                f"integrated exactly, plus an explicit safety margin of {c['safety']:g}x the change when every other "
-                f"sample is dropped (largest relative change {c['quadrature_change']:.2g}). This is not interval-rigorous "
-                "between samples; the rigorous Lipschitz-in-time margin M tau / 2 (M = sup||y''|| + L sup||y'||) would "
-                f"add up to {c['rigorous_margin_max']:.3g}, far more than ||delta|| itself, because it ignores "
-                f"y'' ~ J_F y'. With the global L the factor exp(L t1) alone is 10^{c['global_factor_log10_t1']:.0f}.", "",
-                report.md_table(["sample", "bound at t1", "actual at t1", "bound / actual"],
-                                [[i, fmt(b), fmt(a), fmt(b / a if a > 0 else math.inf)]
-                                 for i, (b, a) in enumerate(zip(c["bound_t1"], c["actual_t1"]))]), "",
-                f"Over all {len(c['t']) - 1} sampled times after t = 0 and every sample, the bound is below the actual "
-                f"error {c['violations']} times; bound / actual ranges from {c['min_ratio']:.3g} to {c['max_ratio']:.3g}"
-                + (". Valid but vacuous by t1: exp(L t1) = " + f"{math.exp(min(c['L'], 700)):.2g} amplifies the defect "
-                   "to far beyond the state's own size; the gentler field shows the same certificate where L t1 is small"
-                   if c["max_ratio"] > 1e6 else "")
-                + ". The actual error is measured against a fixed-step dopri8 reference landing on every sampled time "
-                f"(error estimate {c['reference']['error_estimate']:.2g}).", ""]
-    out += [ENCLOSURE_MARK, ""]
-    # 4. contrast
-    rows = []
-    for r in contrast:
-        rows.append([r["mixer"], fmt(r["scale"]), " / ".join(str(x["nfe"]) for x in r["runs"]),
-                     " / ".join(str(x["rejected"]) for x in r["runs"]), fmt(r["L_global"]), fmt(r["L_local"]),
-                     fmt(r["max_rate"]), r["violations"]["local"] + r["violations"]["global"]])
-    tols = " / ".join(f"{x['tol']:.0e}" for x in contrast[0]["runs"])
-    ratio_g = [a["L_global"] / b["L_global"] for a in contrast if a["mixer"] == "attention"
-               for b in contrast if b["mixer"] == "ssog" and b["scale"] == a["scale"]]
-    ratio_l = [a["L_local"] / b["L_local"] for a in contrast if a["mixer"] == "attention"
-               for b in contrast if b["mixer"] == "ssog" and b["scale"] == a["scale"]]
-    cs, ca = constants["ssog"], constants["attention"]
-    out += ["## Dense attention contrast", "",
-            f"The same ODE ViT with dense attention (same embedding, LayerNorms, MLP and value/output projections), "
-            f"x0 scaled by s. NFE and rejected steps of dopri5 at tol {tols}; L from `vector_field_lipschitz` (global; "
-            "local on the segments as above); measured rate = max over t of log(growth)/t of a random perturbation; "
-            "violations of the Gronwall envelope (both constants).", "",
-            report.md_table(["mixer", "s", f"NFE ({tols})", "rejected", "L global", "L local", "measured rate",
-                             "violations"], rows), "",
-            "Constants at s = 1 (vector_field_lipschitz): "
-            f"SSoG mixer {cs['mixer']:.4g}, dense attention mixer {ca['mixer']:.4g} (its bound on the LN image "
-            f"ball, `attention_lipschitz_on_ball`); MLP {cs['mlp']:.4g}; global F: SSoG {cs['global_bound']:.4g}, "
-            f"dense {ca['global_bound']:.4g}.", "",
-            "What the numbers show: pre-LN makes the dense field globally Lipschitz too, since LayerNorm maps every "
-            "token into a ball and attention is Lipschitz on bounded sets; its certified constant is larger than "
-            f"SSoG's by a factor {min(ratio_g):.3g} to {max(ratio_g):.3g} (global) and {min(ratio_l):.3g} to "
-            f"{max(ratio_l):.3g} (local). Scaling the input does not make either field stiffer: LayerNorm divides by "
-            "the token scale, so the local constants fall roughly like 1/s and the NFE does not grow with s "
-            f"({sum(x['rejected'] for r in contrast for x in r['runs'])} rejected steps in all these runs). Neither "
-            "field diverges at any scale here; the difference between the mixers is in the size of the certified "
-            "constant, not in observed blow-up.", ""]
-    out += ["## Regenerate", "", f"`python experiments/divergence.py{' --quick' if s['quick'] else ''}"
-            f"{'' if s['preset'] == 'tiny' else ' --preset ' + s['preset']}` (or `lipcheck wellposed`). Phase times (s): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in data["seconds"].items()) + ".", "",
-            "![error vs tolerance](figures/divergence_error_vs_tol.png)", "",
-            "![NFE and rk4 order](figures/divergence_nfe.png)", "",
-            "![Gronwall](figures/divergence_gronwall.png)", "",
-            "![certificate](figures/divergence_certificate.png)", "",
-            "![enclosure](figures/divergence_enclosure.png)", "",
-            "![contrast](figures/divergence_contrast.png)", ""]
-    return "\n".join(out)
-
-
 ENCLOSURE_ONLY = dict(enc_batch=1, enc_tol=1e-6, enc_slack=1.5, enc_defect_ratio=1.0, enc_max_per_step=64,
                       enc_ref_max_per_step=2048, enc_ref_defect_abs=3e-6)
-
-
-def last_proven(e) -> str:
-    """The last time up to which the enclosure holds, and its radius there."""
-    r = e["radius"][0]
-    k = max(i for i, x in enumerate(r) if math.isfinite(x))
-    return (f"Proven on [0, {e['t'][k]:.6g}] (t1 = {e['t'][-1]:g}), radius there {r[k]:.3g}"
-            + ("." if k == len(r) - 1 else f"; not beyond: {e['reason'][0]}"))
-
-
-def time_breakdown(e) -> str:
-    """Where an enclosure's time went (the profile the full-size runs need)."""
-    s = e["seconds"]
-    ref = e.get("reference") or {}
-    lp = max(1, e["lognorm_points"])
-    return (f"Where the time went ({s['total']:.0f} s): user's solve {s['solve']:.1f} s; reference solve y_ref at "
-            f"{e.get('ref_tol', float('nan')):g} ({ref.get('accepted', '-')} steps) with its step grid "
-            f"{s.get('reference', 0.0) - s['defect'] - s['lognorm']:.0f} s; defect on {e['fine_points']} sub-intervals "
-            f"(one evaluation of F each) {s['defect']:.0f} s; {e['lognorm_points']} point log-norms ({e['lognorm']}) "
-            f"{s['lognorm']:.0f} s, {s['lognorm'] / lp:.2f} s each; distance ||y - y_ref|| "
-            f"{s.get('distance', 0.0):.1f} s; the propagation and bootstrap take the rest.")
 
 
 def run_enclosure_only(args) -> tuple[str, dict, list]:
@@ -743,31 +322,8 @@ def run_enclosure_only(args) -> tuple[str, dict, list]:
     H, W, C = x0.shape[1:]
     data = {"settings": {"preset": args.preset, "grid": f"{H}x{W} tokens, C = {C}, n = {H * W * C}",
                          "threads": args.threads, "seed": args.seed, **cfg}, "enclosure": [e]}
-    fig = enclosure_figure([{**e, "actual": [None], "ratio_t1": None, "tol": cfg["enc_tol"]}])
-    md = "\n".join([
-        f"# Proven enclosure of the full-size ODE ViT (preset `{args.preset}`)", "",
-        f"{H}x{W} tokens, C = {C} (n = {H * W * C} state dimensions), one random image, block weights at gain "
-        f"{args.gain}, t1 = {t1}, float64, {args.threads} torch thread(s) on a CPU shared with other jobs.", "",
-        f"dopri5 at rtol = atol = {cfg['enc_tol']:g}: {e['accepted']} accepted / {e['rejected']} rejected steps, "
-        f"{e['nfe_forward']} NFE forward. Log-norm: {e['lognorm']} (per-token blocks: mu_2(J) <= ||T|| max ||D1_i|| "
-        f"+ max mu_2(D2_i), looser than the dense one, affordable at this n); {e['lognorm_points']} point log-norms, "
-        f"{e['fine_points']} defect sub-intervals (defect_ratio {cfg['enc_defect_ratio']}, mu_slack {cfg['enc_slack']}).", "",
-        report.md_table(["proven", "radius at t1", "state norm at t1", "largest tube", "int mu bound",
-                         "curvature", "variance floor", "stiffness h*mu", "seconds"],
-                        [["yes" if e["proven"][0] else f"no: {e['reason'][0]}", fmt(e["radius_t1"][0]),
-                          fmt(e["state_norm_t1"][0]), fmt(e["tube_max"][0]), fmt(e["mu_max"][0]),
-                          fmt(e["curvature_max"]), fmt(e["variance_floor"]), fmt(e["stiffness_max"]),
-                          f"{seconds:.0f}"]]), "",
-        time_breakdown(e), "", last_proven(e), "",
-        "Existence and uniqueness of the true solution on [0, t1] follow where proven (proofs/S5.md, Theorem 5). "
-        "No actual error is shown: a converged reference at this size is itself a long run.", "",
-        f"Regenerate: `python experiments/divergence.py --enclosure-only --preset {args.preset} --threads {args.threads}`.",
-        "", "![enclosure](figures/divergence_ti_enclosure.png)", ""])
-    return md, data, [("divergence_ti_enclosure", fig[1])]
-
-
-def cfg_tols(sw):
-    return [r["tol"] for r in sw.runs if r["tol"] is not None]
+    md = wellposed_report.enclosure_only_markdown(data, t1=t1, shape=(H, W, C))
+    return md, data, wellposed_report.enclosure_only_figures(data)
 
 
 def add_arguments(p) -> None:
