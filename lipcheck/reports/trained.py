@@ -317,7 +317,6 @@ def figures(data: dict) -> list:
 
 
 def ssog_figure(ssog):
-    colors = COLORS
     fig, axes = plt.subplots(1, len(ssog), figsize=(5 * len(ssog), 3.6), squeeze=False, constrained_layout=True)
     for ax, a in zip(axes[0], ssog):
         for state in ("trained", "init"):
@@ -325,11 +324,11 @@ def ssog_figure(ssog):
             for name in dict.fromkeys(r["layer"] for r in rows):
                 rs = [r for r in rows if r["layer"] == name]
                 n = [r["H"] for r in rs]
-                ax.plot(n, [r["upper"] for r in rs], color=colors[state], marker="o", ms=3, alpha=0.8,
+                ax.plot(n, [r["upper"] for r in rs], color=COLORS[state], marker="o", ms=3, alpha=0.8,
                         label=f"{state}: certified upper" if name == rows[0]["layer"] else None)
-                ax.plot(n, [r["lower"] for r in rs], color=colors[state], ls=":", marker=".", alpha=0.8,
+                ax.plot(n, [r["lower"] for r in rs], color=COLORS[state], ls=":", marker=".", alpha=0.8,
                         label=f"{state}: lower" if name == rows[0]["layer"] else None)
-                ax.axhline(rs[0]["resolution_free"], color=colors[state], ls="--", lw=0.8, alpha=0.6,
+                ax.axhline(rs[0]["resolution_free"], color=COLORS[state], ls="--", lw=0.8, alpha=0.6,
                            label=f"{state}: resolution-free" if name == rows[0]["layer"] else None)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("grid side H = W (tokens)")
@@ -340,16 +339,19 @@ def ssog_figure(ssog):
     return fig
 
 
+def panels(n: int):
+    """Two axes per model in one row."""
+    return plt.subplots(1, 2 * n, figsize=(4.2 * 2 * n, 3.6), squeeze=False, constrained_layout=True)
+
+
 def attention_figure(att):
-    colors = COLORS
-    fig, axes = plt.subplots(1, 2 * len(att), figsize=(4.2 * 2 * len(att), 3.6), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = panels(len(att))
     for k, a in enumerate(att):
         for j, branch in enumerate(("mixer", "block")):
             ax = axes[0][2 * k + j]
             for state in ("trained", "init"):
                 for i, c in enumerate(c for c in a[state]["probe"] if c["branch"] == branch):
-                    ax.plot(c["radii"], c["lower"], color=colors[state], marker="o", ms=3, alpha=0.8,
+                    ax.plot(c["radii"], c["lower"], color=COLORS[state], marker="o", ms=3, alpha=0.8,
                             label=state if i == 0 else None)
             r = torch.tensor(a["trained"]["probe"][0]["radii"], dtype=torch.float64)
             if branch == "mixer":
@@ -366,16 +368,14 @@ def attention_figure(att):
 
 
 def wellposed_figure(ode):
-    colors = COLORS
-    fig, axes = plt.subplots(1, 2 * len(ode), figsize=(4.2 * 2 * len(ode), 3.6), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = panels(len(ode))
     for k, a in enumerate(ode):
         ax, axc = axes[0][2 * k], axes[0][2 * k + 1]
         for state in ("trained", "init"):
             w = a[state]["wellposed"]
             for j, m in enumerate(dict.fromkeys(r["method"] for r in w["sweep"]["runs"] if r["tol"] is not None)):
                 rs = [r for r in w["sweep"]["runs"] if r["method"] == m]
-                ax.plot([r["tol"] for r in rs], [max(r["error"], 1e-17) for r in rs], color=colors[state],
+                ax.plot([r["tol"] for r in rs], [max(r["error"], 1e-17) for r in rs], color=COLORS[state],
                         marker="osd^"[j % 4], ms=4, alpha=0.8, label=f"{state}: {m}")
             c = w["certificate"]
             if c["kind"] == "a-posteriori":
@@ -383,11 +383,11 @@ def wellposed_figure(ode):
                 bound = [max(b[i] for b in c["bound"]) for i in range(len(t))]
                 actual = [max(x[i] for x in c["actual"]) for i in range(len(t))]
                 if c["status"] == "vacuous" or max(bound) > 1e6 * max(actual):  # would only flatten the plot
-                    axc.plot([], [], color=colors[state], label=f"{state}: certificate bound vacuous "
+                    axc.plot([], [], color=COLORS[state], label=f"{state}: certificate bound vacuous "
                              f"(L = {c['L']:.3g}; off the scale)")
                 else:
-                    axc.plot(t, bound, color=colors[state], label=f"{state}: certificate bound")
-                axc.plot(t, actual, color=colors[state], ls=":", label=f"{state}: actual error")
+                    axc.plot(t, bound, color=COLORS[state], label=f"{state}: certificate bound")
+                axc.plot(t, actual, color=COLORS[state], ls=":", label=f"{state}: actual error")
         tols = sorted({r["tol"] for r in a["trained"]["wellposed"]["sweep"]["runs"] if r["tol"] is not None})
         ax.plot(tols, tols, color="k", lw=0.8, ls="--", label="error = tol")
         for a_ in (ax, axc):
