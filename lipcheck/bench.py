@@ -29,26 +29,29 @@ Two halves:
   Out of memory (an allocation failing under the memory cap, a CUDA OOM, or the process being
   killed) comes back as status "oom", not as an exception.
 
+  The subprocess driver (`run_config`, the busy process, the machine's other load) is lipcheck.bench_process,
+  the statistics of the timings (`summarize`, `ratio_interval`, `rounds_ratio`, `fit_exponent`)
+  lipcheck.bench_stats; both are reachable from here as before.
+
     python -m lipcheck.bench '<json config>'   # the worker; prints one JSON line
 """
 from __future__ import annotations
 
-import contextlib
-
 import json
-import math
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 import torch
 
+from .bench_process import (CACHING_MALLOC_ENV, RESULT_TAG, BusyProcess, _is_oom, _own_cpu_s,  # noqa: F401
+                            cpu_times, other_load, run_config, spinners)
+from .bench_stats import (fit_exponent, ratio_interval, rounds_ratio, rounds_ratio_interval,  # noqa: F401
+                          run_ratios, summarize)
+
 MIXER_KINDS = ("ssog", "sdpa", "math")  # SSoG, fused attention, explicit attention
 MODES = ("inference", "train")
-RESULT_TAG = "LIPCHECK_BENCH_RESULT "
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,17 +97,6 @@ def check_resolution(img_size: int, patch_size: int = 16) -> None:
     if img_size % patch_size:
         raise ValueError(f"resolution {img_size} is not a multiple of the patch size {patch_size}; "
                          f"use a multiple of {patch_size} (e.g. {patch_size * max(1, round(img_size / patch_size))})")
-
-
-def fit_exponent(x, y) -> float:
-    """Least-squares slope of log y against log x (the exponent p of y ~ x^p)."""
-    pts = [(math.log(a), math.log(b)) for a, b in zip(x, y) if a and b and a > 0 and b > 0]
-    if len(pts) < 2:
-        return float("nan")
-    mx = sum(p[0] for p in pts) / len(pts)
-    my = sum(p[1] for p in pts) / len(pts)
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx > 0 else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +146,6 @@ class _RssSampler(threading.Thread):
 
 # glibc mallopt parameters (malloc.h) and the values for the two phases of a CPU measurement.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-CACHING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
 _MEMORY_MMAP_THRESHOLD = 128 * 2**10
 
 
@@ -226,64 +217,8 @@ def steps_per_block(step, step_s: float, sync=lambda: None, min_block_s: float =
     return n
 
 
-def summarize(times: list[float]) -> dict:
-    """Median, min, max and relative spread (max - min) / median of repeat times."""
-    med = statistics.median(times)
-    return {"median_s": med, "min_s": min(times), "max_s": max(times),
-            "spread": (max(times) - min(times)) / med if med > 0 else float("nan"), "repeats": len(times)}
-
-
-def ratio_interval(num: list[float], den: list[float], level: float = 0.95, n_boot: int = 4000,
-                   seed: int = 0) -> tuple[float, float] | None:
-    """Percentile-bootstrap interval of median(num) / median(den) (a speed-up: num the attention's times, den
-    SSoG's). `measure_row` takes the i-th sample of each mixer in the same round, one after the other, so a slow
-    spell of a shared machine moves both: with as many samples of each, whole rounds are resampled (the pairing
-    kept); otherwise each list on its own. None with fewer than three samples of either."""
-    return rounds_ratio_interval([num], [den], level, n_boot, seed)
-
-
-def run_ratios(nums: list[list[float]], dens: list[list[float]]) -> list[float]:
-    """median(num_k) / median(den_k) for each run k: a speed-up formed from one run's own samples (taken under one
-    machine state)."""
-    return [statistics.median(a) / statistics.median(b) for a, b in zip(nums, dens)]
-
-
-def rounds_ratio(nums: list[list[float]], dens: list[list[float]]) -> float:
-    """Median over runs of `run_ratios`: the runs (minutes apart, the machine's speed between them differing)
-    combined by their median."""
-    return statistics.median(run_ratios(nums, dens))
-
-
-def rounds_ratio_interval(nums: list[list[float]], dens: list[list[float]], level: float = 0.95, n_boot: int = 4000,
-                          seed: int = 0) -> tuple[float, float] | None:
-    """Percentile-bootstrap interval of `rounds_ratio`: every run's samples resampled within that run (as
-    `ratio_interval` does for one), the runs kept. None when a run has fewer than three samples of either."""
-    import numpy as np
-    if not nums or len(nums) != len(dens):
-        return None
-    rng = np.random.default_rng(seed)
-    per_run = []
-    for num, den in zip(nums, dens):
-        a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-        if a.size < 3 or b.size < 3:
-            return None
-        ia = rng.integers(0, a.size, (n_boot, a.size))
-        ib = ia if a.size == b.size else rng.integers(0, b.size, (n_boot, b.size))
-        per_run.append(np.median(a[ia], axis=1) / np.median(b[ib], axis=1))
-    ratios = np.median(np.stack(per_run), axis=0)
-    tail = 50 * (1 - level)
-    lo, hi = np.percentile(ratios, [tail, 100 - tail])
-    return float(lo), float(hi)
-
-
 # ---------------------------------------------------------------------------------------------
 # One configuration (runs inside the worker subprocess).
-
-def _is_oom(exc: BaseException) -> bool:
-    msg = str(exc).lower()
-    return isinstance(exc, MemoryError) or "out of memory" in msg or "can't allocate memory" in msg \
-        or "cannot allocate memory" in msg
-
 
 def build(cfg: dict, device: torch.device, dtype: torch.dtype):
     """(module, input, labels) for a configuration dict (see run_config); labels None for a mixer."""
@@ -503,6 +438,37 @@ def measure_row(cfg: dict) -> dict:
     if int(cfg.get("threads", 0)) > 0:
         torch.set_num_threads(int(cfg["threads"]))
     B, TB = int(cfg.get("batch_size", 1)), int(cfg.get("throughput_batch", 0) or 0)
+    res, live = _build_row(cfg, device, dtype, mode, B)
+    times = _rotate(live, res, ("x", "labels"), int(cfg.get("warmup", 1)), int(cfg.get("repeats", 3)), device)
+    for m, t in times.items():
+        if m in live:
+            res[m].update(status="ok", **summarize(t), times_s=t, images_per_s=B / statistics.median(t))
+    solver = _row_solver(cfg, mode, live)
+    if TB > B and live:
+        for m, L in live.items():
+            L["xt"], L["lt"] = make_inputs(res[m]["config"], L["module"], TB, device, dtype)
+        tt = _rotate(live, res, ("xt", "lt"), int(cfg.get("throughput_warmup", 1)),
+                     int(cfg.get("throughput_repeats", 2)), device)
+        for m, t in tt.items():
+            if m in live and t:
+                res[m]["throughput"] = dict(batch=TB, **summarize(t), times_s=t, images_per_s=TB / statistics.median(t))
+        for L in live.values():
+            L.pop("xt"), L.pop("lt")
+    for m, L in list(live.items()):
+        try:
+            _memory_and_check(cfg, res[m], L, device)
+        except Exception as e:  # noqa: BLE001
+            res[m].update(_failure(e))
+    status = "ok" if all(r.get("status") == "ok" for r in res.values()) else "partial"
+    out = {"config": cfg, "status": status, "threads_used": torch.get_num_threads(), "results": list(res.values())}
+    if solver is not None:
+        out["solver"] = solver
+    return out
+
+
+def _build_row(cfg: dict, device, dtype, mode: str, batch: int) -> tuple[dict, dict]:
+    """(res, live): per mixer its result so far ({"config": ...}, a failure's status) and, for the mixers built,
+    the module, its step and its input at `batch`; each built after torch.manual_seed(seed)."""
     res, live = {}, {}
     for m in cfg["mixers"]:
         sub = {k: v for k, v in cfg.items() if k != "mixers"}
@@ -513,198 +479,81 @@ def measure_row(cfg: dict) -> dict:
             module = build_module(sub, device, dtype)
             if mode == "inference":
                 module.eval()
-            x, labels = make_inputs(sub, module, B, device, dtype)
+            x, labels = make_inputs(sub, module, batch, device, dtype)
             live[m] = dict(module=module, step=make_step(module, mode, device, bool(cfg.get("bf16"))), x=x, labels=labels)
         except Exception as e:  # noqa: BLE001 - one mixer failing must not stop the row
             res[m].update(_failure(e))
+    return res, live
 
+
+def _rotate(live: dict, res: dict, batch_key, warmup: int, repeats: int, device) -> dict:
+    """The mixers' steps in turn, `warmup` untimed rounds then `repeats` timed ones; a timed sample of a short
+    step is a block of `steps_per_block` steps, sized after the last untimed round. A mixer that fails leaves
+    `live` with its failure in `res`. Returns {mixer: [seconds per step, one per timed round]}."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def rotate(batch_key, warmup, repeats):
-        times, block = {m: [] for m in live}, {m: 1 for m in live}
-        for rep in range(warmup + repeats):
-            for m in list(live):
-                L = live[m]
-                n = block[m] if rep >= warmup else 1
-                try:
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        L["step"](L[batch_key[0]], L[batch_key[1]])
-                    sync()
-                    dt = (time.perf_counter() - t0) / n
-                except Exception as e:  # noqa: BLE001
-                    res[m].update(_failure(e))
-                    del live[m]
-                    continue
-                if rep >= warmup:
-                    times[m].append(dt)
-                elif rep == warmup - 1:  # after the last untimed step: size the blocks
-                    block[m] = steps_per_block(lambda: L["step"](L[batch_key[0]], L[batch_key[1]]), dt, sync)
-        for m in times:
-            res[m].setdefault("block_steps", {})[batch_key[0]] = block[m]
-        return times
+    times, block = {m: [] for m in live}, {m: 1 for m in live}
+    for rep in range(warmup + repeats):
+        for m in list(live):
+            L = live[m]
+            n = block[m] if rep >= warmup else 1
+            try:
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    L["step"](L[batch_key[0]], L[batch_key[1]])
+                sync()
+                dt = (time.perf_counter() - t0) / n
+            except Exception as e:  # noqa: BLE001
+                res[m].update(_failure(e))
+                del live[m]
+                continue
+            if rep >= warmup:
+                times[m].append(dt)
+            elif rep == warmup - 1:  # after the last untimed step: size the blocks
+                block[m] = steps_per_block(lambda: L["step"](L[batch_key[0]], L[batch_key[1]]), dt, sync)
+    for m in times:
+        res[m].setdefault("block_steps", {})[batch_key[0]] = block[m]
+    return times
 
-    times = rotate(("x", "labels"), int(cfg.get("warmup", 1)), int(cfg.get("repeats", 3)))
-    for m, t in times.items():
-        if m in live:
-            res[m].update(status="ok", **summarize(t), times_s=t, images_per_s=B / statistics.median(t))
+
+def _row_solver(cfg: dict, mode: str, live: dict) -> dict | None:
+    """A fixed-step ODE row in inference: its solver's own work (`solver_seconds`) at batch 1, on the row's own
+    flow settings and embedded input; None for other rows."""
     from .models.ode import FIXED_STEP
-    solver = None
     first = next(iter(live.values()), None)
     flow = getattr(first["module"], "flow", None) if first else None
-    if mode == "inference" and flow is not None and flow.method in FIXED_STEP:
-        try:  # batch 1, the row's own flow settings and embedded input
-            with torch.inference_mode():
-                x0 = first["module"].embed(first["x"])
-            solver = solver_seconds(flow, x0, warmup=int(cfg.get("warmup", 1)), repeats=int(cfg.get("repeats", 3)))
-        except Exception as e:  # noqa: BLE001 - an extra measurement; the row stands without it
-            solver = _failure(e)
-    if TB > B and live:
-        for m, L in live.items():
-            L["xt"], L["lt"] = make_inputs(res[m]["config"], L["module"], TB, device, dtype)
-        tt = rotate(("xt", "lt"), int(cfg.get("throughput_warmup", 1)), int(cfg.get("throughput_repeats", 2)))
-        for m, t in tt.items():
-            if m in live and t:
-                res[m]["throughput"] = dict(batch=TB, **summarize(t), times_s=t, images_per_s=TB / statistics.median(t))
-        for L in live.values():
-            L.pop("xt"), L.pop("lt")
-    for m, L in list(live.items()):
-        try:
-            if device.type == "cuda":
-                _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
-                method = "cuda.max_memory_allocated"
-            else:
-                released = _release_to_os()
-                _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
-                method = ("VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS") + \
-                         ("" if released else ", allocator not switched (not glibc)")
-            res[m].update(peak_bytes=peak, peaks_bytes=[peak], peak_method=method)
-            flow = getattr(L["module"], "flow", None)
-            if flow is not None:
-                res[m]["nfe"] = int(flow.last_nfe)
-            used = _backend_used(L["module"], res[m]["config"])
-            if used:
-                res[m]["ssog_backend_used"] = used
-            if cfg.get("check"):
-                res[m]["check"] = check_outputs(res[m]["config"], L["module"], L["x"])
-        except Exception as e:  # noqa: BLE001
-            res[m].update(_failure(e))
-    status = "ok" if all(r.get("status") == "ok" for r in res.values()) else "partial"
-    out = {"config": cfg, "status": status, "threads_used": torch.get_num_threads(), "results": list(res.values())}
-    if solver is not None:
-        out["solver"] = solver
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Subprocess driver.
-
-class BusyProcess:
-    """A competing process for the loaded rows: one Python interpreter spinning on the CPU, pinned
-    nowhere (the scheduler places it), started before a worker and stopped after it."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.2)  # running before the worker starts
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
-def cpu_times(path: str = "/proc/stat") -> dict | None:
-    """The machine's CPU time so far, summed over its CPUs, in seconds: {"total", "busy", "steal"} from the
-    first line of /proc/stat (busy = user + nice + system + irq + softirq; steal = time the hypervisor ran
-    something else while a virtual CPU wanted to run). None where the file is absent or not in that form."""
-    try:
-        with open(path) as f:
-            fields = f.readline().split()
-        if fields[0] != "cpu" or len(fields) < 9:
-            return None
-        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    except (OSError, ValueError, IndexError):
+    if not (mode == "inference" and flow is not None and flow.method in FIXED_STEP):
         return None
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return dict(total=(user + nice + system + idle + iowait + irq + softirq + steal) / hz,
-                busy=(user + nice + system + irq + softirq) / hz, steal=steal / hz)
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and of its children that have been waited for (the workers, the busy process);
-    0 where the platform has no `resource` module (there is no /proc/stat either, so no share is formed)."""
     try:
-        import resource
-    except ImportError:
-        return 0.0
-    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
+        with torch.inference_mode():
+            x0 = first["module"].embed(first["x"])
+        return solver_seconds(flow, x0, warmup=int(cfg.get("warmup", 1)), repeats=int(cfg.get("repeats", 3)))
+    except Exception as e:  # noqa: BLE001 - an extra measurement; the row stands without it
+        return _failure(e)
 
 
-def other_load(before: dict | None, after: dict | None, own_s: float) -> dict | None:
-    """What else the machine did between two `cpu_times` readings, as shares of its CPU time over the interval
-    (number of CPUs x wall time): "others", CPU time of processes other than the benchmark's own (`own_s`: this
-    process, its worker and its busy process), and "steal", time taken by the hypervisor. The benchmark alone
-    gives 0 and 0 (up to the clock tick: /proc/stat counts in ticks of 1/100 s). None without /proc/stat."""
-    if before is None or after is None:
-        return None
-    total = after["total"] - before["total"]
-    if total <= 0:
-        return None
-    others = after["busy"] - before["busy"] - own_s
-    return dict(others=min(1.0, max(0.0, others / total)), steal=min(1.0, max(0.0, (after["steal"] - before["steal"]) / total)),
-                cpu_s=total)
-
-
-def run_config(cfg: dict, *, timeout: float = 900.0, mem_limit_gb: float | None = None) -> dict:
-    """Run `measure(cfg)` in a fresh Python process and return its result dict.
-
-    mem_limit_gb caps the worker's data segment (RLIMIT_DATA, CPU only), so an oversized
-    configuration fails its own allocation and is reported as "oom" instead of pushing the machine
-    into swap or the OOM killer. A killed worker (SIGKILL) is also reported as "oom".
-    """
-    env = dict(os.environ)
-    for k, val in CACHING_MALLOC_ENV.items():  # timed steps: a caching allocator (module docstring)
-        env.setdefault(k, val)
-    if int(cfg.get("threads", 0)) > 0:  # OpenMP reads this at start-up, before set_num_threads
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(int(cfg["threads"]))
-    else:  # torch's default thread count, whatever the caller's environment pins
-        for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.pop(k, None)
-    preexec = None
-    if mem_limit_gb and cfg.get("device", "cpu") == "cpu":
-        limit = int(mem_limit_gb * 2**30)
-
-        def preexec():
-            import resource
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    cmd = [sys.executable, "-m", "lipcheck.bench", json.dumps(cfg)]
-    t0, stat0, own0 = time.perf_counter(), cpu_times(), _own_cpu_s()
-    busy = BusyProcess() if cfg.get("busy") else None
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=preexec)
-    except subprocess.TimeoutExpired:
-        return {"config": cfg, "status": "timeout", "error": f"no result within {timeout:.0f} s",
-                "wall_s": time.perf_counter() - t0}
-    finally:
-        if busy is not None:
-            busy.stop()
-    wall = time.perf_counter() - t0
-    machine = other_load(stat0, cpu_times(), _own_cpu_s() - own0)  # what else ran while the worker did
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_TAG):
-            res = json.loads(line[len(RESULT_TAG):])
-            res["wall_s"], res["machine"] = wall, machine
-            return res
-    tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
-    if proc.returncode in (-9, 137) or _is_oom(RuntimeError(proc.stderr)):
-        return {"config": cfg, "status": "oom", "error": f"worker killed or out of memory (rc {proc.returncode}): {tail}",
-                "wall_s": wall, "machine": machine}
-    return {"config": cfg, "status": "error", "error": f"worker exited {proc.returncode}: {tail}", "wall_s": wall,
-            "machine": machine}
+def _memory_and_check(cfg: dict, r: dict, L: dict, device) -> None:
+    """Into one mixer's result r: its memory step at batch size (as in `measure`), its NFE and backend, and with
+    cfg["check"] the float64 correctness check."""
+    if device.type == "cuda":
+        _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
+        method = "cuda.max_memory_allocated"
+    else:
+        released = _release_to_os()
+        _, peak = timed_step(lambda: L["step"](L["x"], L["labels"]), device)
+        method = ("VmHWM after clear_refs" if _reset_peak_rss() else "sampled VmRSS") + \
+                 ("" if released else ", allocator not switched (not glibc)")
+    r.update(peak_bytes=peak, peaks_bytes=[peak], peak_method=method)
+    flow = getattr(L["module"], "flow", None)
+    if flow is not None:
+        r["nfe"] = int(flow.last_nfe)
+    used = _backend_used(L["module"], r["config"])
+    if used:
+        r["ssog_backend_used"] = used
+    if cfg.get("check"):
+        r["check"] = check_outputs(r["config"], L["module"], L["x"])
 
 
 def _worker_main(argv=None) -> int:
@@ -724,17 +573,3 @@ def _worker_main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_worker_main())
-
-
-@contextlib.contextmanager
-def spinners(k: int):
-    """k CPU-bound competing processes (`while True: pass`) running for the block: a busy machine, made on purpose."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
-    try:
-        time.sleep(0.5 if k else 0.0)  # running before the timing starts
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
