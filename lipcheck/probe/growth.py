@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -24,14 +24,15 @@ class _Target(NamedTuple):
     module: nn.Module
     name: str
     C: int
-    tangent: object  # in the search dtype
-    tangent64: object
+    tangent: Callable  # in the search dtype
+    tangent64: Callable
     analytic: bool  # whether the batched-matmul tangent map is used
     dirs: list  # radius-free witness parts, as many as there are restarts at most
     is_ln_map: bool
 
 
 def _target(layer: nn.Module, grid: tuple[int, int], options: ProbeOptions, dim, device) -> _Target:
+    """Checks the layer (finite weights, parameters, C) and builds what the search and certification need."""
     module = as_map(layer)
     name = type(layer).__name__ + (f"[{layer.branch}]" if isinstance(layer, BlockMap) else "")
     if next(module.parameters(), None) is None:

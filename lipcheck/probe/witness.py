@@ -61,7 +61,7 @@ def attention_witness(layer: DenseAttention, radius: float, grid: tuple[int, int
     if N < 3:
         raise ValueError(f"the witness needs at least 3 tokens (a query and two keys); grid={grid} has {N}")
     return assemble_witness(witness_parts(layer, u, focus, dtype=dtype, device=device), radius, (H, W),
-                             query=query, keys=keys)
+                            query=query, keys=keys)
 
 
 def witness_parts(layer: DenseAttention, u: torch.Tensor, focus: float | None, *, dtype=torch.float64,
