@@ -307,8 +307,6 @@ def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainCon
     trains exactly as an unmonitored one.
     Returns {"history": [...per-epoch records...], "test_acc", "test_loss", "wall_s", "params"}.
     """
-    from tqdm.auto import tqdm
-
     info = info or DistInfo(device=next(model.parameters()).device)
     device = info.device
     check_resolution(model, train_data, cfg.resize)
@@ -319,123 +317,160 @@ def train(model: ViT, train_data: ImageData, test_data: ImageData, cfg: TrainCon
     local_bs = cfg.batch_size // info.world_size
     out_dir = Path(out_dir) if out_dir is not None else None
     spec = dict(spec or {})
-    size = model.img_size
-
     use_amp = cfg.amp and device.type == "cuda" and dtype == torch.float32  # float64 runs stay float64
     amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-
     steps_per_epoch = math.ceil(math.ceil(len(train_data) / info.world_size) / local_bs)
-    total_steps = cfg.epochs * steps_per_epoch
-    warmup_steps = min(total_steps, max(1, round(cfg.warmup_epochs * steps_per_epoch)))
-    # no weight decay on biases, norms, position embeddings and the Gaussian parameters (timm convention)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.endswith("pos")
-             and not n.split(".")[-1] in ("mu", "sigma_raw", "alpha")]
-    decay_ids = {id(p) for p in decay}
-    no_decay = [p for p in model.parameters() if id(p) not in decay_ids]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, cfg.min_lr_ratio))
-
+    opt = _Optimisation.of(model, cfg, steps_per_epoch, amp_dtype)
     start_epoch, history = 0, []
     ckpt_path = out_dir / CHECKPOINT if out_dir is not None else None
     if resume:
-        if ckpt_path is None:
-            raise ValueError("resume=True needs out_dir (the directory holding checkpoint.pt)")
-        state = load_checkpoint(ckpt_path, map_location=device)
-        if state["spec"] != spec:
-            raise CheckpointError(f"checkpoint {str(ckpt_path)!r} belongs to a different run: it was written for "
-                                  f"{state['spec']}, this run is {spec}; use another --out or the same options")
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not fit this model: {e}") from e
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        set_rng_states(state["rng"])
-        start_epoch, history = int(state["epoch"]), list(state["history"])
+        start_epoch, history = _resume(model, opt, ckpt_path, spec, device)
         if info.is_main:  # drop metrics of epochs after the checkpoint (written before an interruption)
             _write_metrics(out_dir / METRICS, history)
 
     net = model
     if info.world_size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    index_set = range(len(train_data))
-    sampler = DistributedSampler(index_set, num_replicas=info.world_size, rank=info.rank, shuffle=True,
+    sampler = DistributedSampler(range(len(train_data)), num_replicas=info.world_size, rank=info.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=False)
     wall_before = history[-1]["wall_s"] if history else 0.0
-    is_ode = getattr(model, "variant", None) == "ode"
-
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.perf_counter()
-        net.train()
         sampler.set_epoch(epoch)
         batches = torch.tensor(list(sampler), dtype=torch.int64).split(local_bs)
-        shifts, flips = epoch_draws(len(train_data), epoch, cfg.seed, cfg.crop_padding, cfg.flip)
-        loss_sum = correct = seen = 0.0
-        nfe = 0
-        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
-                   disable=not (progress and info.is_main))
-        for idx in bar:
-            x, y = train_data.batch(idx, device=device, dtype=dtype)
-            x = prepare(augment(x, shifts[idx], flips[idx], cfg.crop_padding), train_data, size)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                logits = net(x)
-            logits = logits.float() if use_amp else logits  # autocast may leave half-precision logits
-            loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite training loss at epoch {epoch + 1}; lower --lr "
-                                         f"(now {cfg.lr}) or keep gradient clipping on")
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.clip_grad > 0:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            loss_sum += float(loss.detach()) * len(idx)
-            correct += float((logits.detach().argmax(-1) == y).sum())
-            seen += len(idx)
-            if is_ode:
-                nfe = model.flow.last_nfe
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
-        loss_sum, correct, seen = _all_sum([loss_sum, correct, seen], info)
-        test = evaluate(model, test_data, info, batch_size=max(local_bs, 256), size=size, dtype=dtype,
-                        amp_dtype=amp_dtype)
+        sums, nfe = _train_epoch(net, model, train_data, batches, cfg, opt, epoch, device=device, dtype=dtype,
+                                 show=progress and info.is_main)
+        loss_sum, correct, seen = _all_sum(sums, info)
+        test = evaluate(model, test_data, info, batch_size=max(local_bs, 256), size=model.img_size, dtype=dtype,
+                        amp_dtype=opt.amp_dtype)
         epoch_s = time.perf_counter() - t0
         record = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_acc": correct / seen,
-                  "test_loss": test["loss"], "test_acc": test["acc"], "lr": optimizer.param_groups[0]["lr"],
+                  "test_loss": test["loss"], "test_acc": test["acc"], "lr": opt.optimizer.param_groups[0]["lr"],
                   "epoch_s": epoch_s, "wall_s": wall_before + epoch_s}
-        if is_ode:
+        if nfe is not None:
             record["nfe_forward"] = nfe
         if monitor is not None and info.is_main:
-            states, t_mon = rng_states(), time.perf_counter()
-            was_training = model.training
-            try:
-                record["monitor"] = monitor(model)
-            finally:
-                set_rng_states(states)
-                model.train(was_training)
-            record["monitor_s"] = time.perf_counter() - t_mon
+            _monitor(model, monitor, record)
         wall_before = record["wall_s"]
         history.append(record)
         if info.is_main and out_dir is not None:
-            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                             "epoch": epoch + 1, "rng": rng_states(), "spec": spec, "history": history,
-                             "config": dataclasses.asdict(cfg), **model_record(model, train_data, cfg.resize)},
-                            ckpt_path)
-            with open(out_dir / METRICS, "a") as f:  # after the checkpoint: a resume rewrites it from there
-                f.write(json.dumps(record) + "\n")
+            _save(model, opt, epoch, spec, history, cfg, train_data, out_dir)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, record)
 
     last = history[-1] if history else {}
     return {"history": history, "test_acc": last.get("test_acc"), "test_loss": last.get("test_loss"),
             "wall_s": last.get("wall_s", 0.0), "params": count_params(model)}
+
+
+@dataclasses.dataclass
+class _Optimisation:
+    """AdamW with warmup then cosine, the gradient scaler and the autocast dtype (None: no autocast; float16 is
+    the one that scales gradients)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None
+
+    @classmethod
+    def of(cls, model: ViT, cfg: TrainConfig, steps_per_epoch: int, amp_dtype) -> "_Optimisation":
+        total_steps = cfg.epochs * steps_per_epoch
+        warmup_steps = min(total_steps, max(1, round(cfg.warmup_epochs * steps_per_epoch)))
+        # no weight decay on biases, norms, position embeddings and the Gaussian parameters (timm convention)
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.endswith("pos")
+                 and not n.split(".")[-1] in ("mu", "sigma_raw", "alpha")]
+        decay_ids = {id(p) for p in decay}
+        no_decay = [p for p in model.parameters() if id(p) not in decay_ids]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, cfg.min_lr_ratio))
+        scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+        return cls(optimizer, scheduler, scaler, amp_dtype)
+
+
+def _resume(model: ViT, opt: _Optimisation, ckpt_path, spec: dict, device) -> tuple[int, list[dict]]:
+    """Model, optimiser, scheduler, scaler and RNG states from the checkpoint; (its epoch, its history)."""
+    if ckpt_path is None:
+        raise ValueError("resume=True needs out_dir (the directory holding checkpoint.pt)")
+    state = load_checkpoint(ckpt_path, map_location=device)
+    if state["spec"] != spec:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} belongs to a different run: it was written for "
+                              f"{state['spec']}, this run is {spec}; use another --out or the same options")
+    try:
+        model.load_state_dict(state["model"])
+        opt.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not fit this model: {e}") from e
+    opt.scheduler.load_state_dict(state["scheduler"])
+    opt.scaler.load_state_dict(state["scaler"])
+    set_rng_states(state["rng"])
+    return int(state["epoch"]), list(state["history"])
+
+
+def _train_epoch(net: nn.Module, model: ViT, train_data: ImageData, batches, cfg: TrainConfig, opt: _Optimisation,
+                 epoch: int, *, device, dtype, show: bool) -> tuple[list[float], int | None]:
+    """One pass over this process's batches: ([loss sum, correct, seen], the ODE's NFE of the last forward or
+    None for other variants)."""
+    from tqdm.auto import tqdm
+
+    use_amp = opt.amp_dtype is not None
+    is_ode = getattr(model, "variant", None) == "ode"
+    net.train()
+    shifts, flips = epoch_draws(len(train_data), epoch, cfg.seed, cfg.crop_padding, cfg.flip)
+    loss_sum = correct = seen = 0.0
+    nfe = 0
+    bar = tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False, disable=not show)
+    for idx in bar:
+        x, y = train_data.batch(idx, device=device, dtype=dtype)
+        x = prepare(augment(x, shifts[idx], flips[idx], cfg.crop_padding), train_data, model.img_size)
+        with torch.autocast(device.type, dtype=opt.amp_dtype, enabled=use_amp):
+            logits = net(x)
+        logits = logits.float() if use_amp else logits  # autocast may leave half-precision logits
+        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss at epoch {epoch + 1}; lower --lr "
+                                     f"(now {cfg.lr}) or keep gradient clipping on")
+        opt.optimizer.zero_grad(set_to_none=True)
+        opt.scaler.scale(loss).backward()
+        if cfg.clip_grad > 0:
+            opt.scaler.unscale_(opt.optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        opt.scaler.step(opt.optimizer)
+        opt.scaler.update()
+        opt.scheduler.step()
+        loss_sum += float(loss.detach()) * len(idx)
+        correct += float((logits.detach().argmax(-1) == y).sum())
+        seen += len(idx)
+        if is_ode:
+            nfe = model.flow.last_nfe
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+    return [loss_sum, correct, seen], nfe if is_ode else None
+
+
+def _monitor(model: ViT, monitor, record: dict) -> None:
+    """record["monitor"] = monitor(model), with the global RNG states and the model's mode restored after it, so
+    that a monitored run trains exactly as an unmonitored one; record["monitor_s"] its seconds."""
+    states, t_mon = rng_states(), time.perf_counter()
+    was_training = model.training
+    try:
+        record["monitor"] = monitor(model)
+    finally:
+        set_rng_states(states)
+        model.train(was_training)
+    record["monitor_s"] = time.perf_counter() - t_mon
+
+
+def _save(model: ViT, opt: _Optimisation, epoch: int, spec: dict, history: list[dict], cfg: TrainConfig,
+          train_data: ImageData, out_dir: Path) -> None:
+    """The checkpoint after `epoch`, then the epoch's line of the metrics log (a resume rewrites it from there)."""
+    save_checkpoint({"model": model.state_dict(), "optimizer": opt.optimizer.state_dict(),
+                     "scheduler": opt.scheduler.state_dict(), "scaler": opt.scaler.state_dict(),
+                     "epoch": epoch + 1, "rng": rng_states(), "spec": spec, "history": history,
+                     "config": dataclasses.asdict(cfg), **model_record(model, train_data, cfg.resize)},
+                    out_dir / CHECKPOINT)
+    with open(out_dir / METRICS, "a") as f:
+        f.write(json.dumps(history[-1]) + "\n")
 
 
 def run(preset: str, variant: str, mixer: str, *, data: str = "digits", data_dir=None, cfg: TrainConfig,
