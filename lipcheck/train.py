@@ -31,7 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 from .data import ImageData, load_dataset
 from .models.vit import PRESETS, VARIANTS, ViT
 from .mixers import MIXERS
-from .report import atomic_write
+from .files import atomic_write
 
 # Digits are 8x8 grey: patch 2 gives a 4x4 token grid. Width/depth/heads shared by both mixers.
 DIGITS_PRESET = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, dim=48, depth=4, num_heads=3)
@@ -231,7 +231,7 @@ def set_rng_states(s: dict) -> None:
 
 
 def save_checkpoint(state: dict, path) -> Path:
-    """torch.save through report.atomic_write (temporary file, fsync, rename): an interrupted write
+    """torch.save through files.atomic_write (temporary file, fsync, rename): an interrupted write
     leaves the previous checkpoint untouched (rename is atomic on POSIX)."""
     return atomic_write(path, lambda f: torch.save(state, f))
 
@@ -271,7 +271,6 @@ def model_record(model: ViT, data: ImageData | None = None, resize: bool = False
 
 
 def _write_metrics(path: Path, history: list[dict]) -> None:
-    from .report import atomic_write
     atomic_write(path, "".join(json.dumps(h) + "\n" for h in history))
 
 
