@@ -2,6 +2,8 @@
 from .attention import DenseAttention
 from .ssog import SSoG
 
+__all__ = ["MIXERS", "DenseAttention", "SSoG", "make_mixer"]
+
 MIXERS = ("ssog", "attention")
 
 
