@@ -655,7 +655,7 @@ def test_reference_method_failures_are_reported_not_a_radius():
 
 def test_bernstein_distance_bounds_the_sup_between_nodes():
     """_distance against a dense evaluation of both piecewise quartics (numpy, 2001 points per interval)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     g = torch.Generator().manual_seed(5)
     steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
     coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in steps]
@@ -746,7 +746,7 @@ def test_distance_covers_both_neighbouring_quartics_at_a_jump():
     """y with a jump at its step end 0.3 (the float end of one step and the start of the next differ): on a reference
     interval that starts there, the proven distance covers y_ref against both neighbouring quartics (proofs/S5.md,
     Theorem 6: "a piece that ends at one of y's step ends gets that end's jump added"); dense numpy evaluation."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     g = torch.Generator().manual_seed(5)
     steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
     coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) * 0.1 for _ in steps]
@@ -837,7 +837,7 @@ def test_distance_margin_is_the_proofs_rounding_allowance(case, a, window):
     reported centre. D exceeds the exact Bernstein bound by that allowance within `window` of it (each case makes a
     different term dominant), at t = 0 and on the step."""
     from fractions import Fraction as Fr
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     mpmath.mp.dps = 50
     u = mpmath.mpf(2) ** -53
     gam = lambda n: n * u / (1 - n * u)  # noqa: E731
@@ -876,7 +876,7 @@ def test_distance_margin_is_the_proofs_rounding_allowance(case, a, window):
 def test_distance_halves_pieces_where_bernstein_overestimates():
     """y - y_ref = T4(2s - 1) e (Chebyshev): sup 1 but Bernstein coefficients up to 5/3 on the whole step; halving
     the pieces brings the proven distance within a few % of the true sup (dense numpy evaluation)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     e = torch.tensor([0.6, 0.0, 0.8], dtype=D)  # unit vector
     # T4(2s - 1) = 128 s^4 - 256 s^3 + 160 s^2 - 32 s + 1
     cheb = [1.0, -32.0, 160.0, -256.0, 128.0]
@@ -892,7 +892,7 @@ def test_distance_halves_pieces_where_bernstein_overestimates():
 def test_rough_distance_is_the_largest_node_distance():
     """_rough_distance: max over y_ref's step nodes (s = 0, 1/4, ..., 1 of each step's own quartic) of ||y - y_ref||,
     y evaluated on its step containing the node (numpy)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     g = torch.Generator().manual_seed(7)
     steps = [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
     coefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in steps]
@@ -946,7 +946,7 @@ def test_bern_sup_bounds_the_derivative_and_is_exact_where_it_is_affine():
     """sup over the step of ||y^(d)|| for y(s) = sum_k c_k ((s - a) / h)^k: above the maximum over 2001 points of
     the derivative formed here from the monomials, for d = 1..4; equal to it (up to rounding) where y^(d) is affine
     in s (d = 3, 4), since an affine map attains its largest norm at an end of the step."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     g = torch.Generator().manual_seed(11)
     c = torch.randn(5, 2, 2, 2, 3, generator=g, dtype=D) * torch.tensor([1.0, 2.0, 3.0, 0.5, 0.25], dtype=D).reshape(5, 1, 1, 1, 1)
     h = 0.3
@@ -1058,7 +1058,7 @@ def test_summary_reports_distance_and_reference_radius_at_t1():
     assert s["method_kind"] == "reference" and s["ref_tol"] == 1e-7 and s["tol"] == 1e-4
     # the step counts are y's (the user's solve); the reference's are under "reference"
     assert s["steps"] == s["accepted"] == len(enc.steps) == len(s["step_sizes"]) < s["reference"]["steps"]
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     _, _, mine = E.piecewise_quartic(LinearField(A), x0, 1.0, tol=1e-4)  # the user's solve, repeated here
     assert (s["nfe_forward"], s["nfe_dense_output"]) == (mine["nfe_forward"], mine["nfe_dense_output"])
     assert s["nfe_dense_output"] < s["reference"]["nfe_dense_output"] and s["rejected"] == mine["rejected"]
@@ -1087,7 +1087,7 @@ def test_distance_keeps_a_whole_piece_whose_bound_is_within_one_percent():
     Bernstein coefficients 1 + 0.02 (j/4 - j (j - 1)/12), largest 1 + 0.02/3 (exact rationals): within 1 %, so the
     proven distance is that whole-step bound plus the rounding allowance (< 1e-12), not a halved, tighter one."""
     from fractions import Fraction as Fr
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import distance as E
     e = torch.tensor([0.6, 0.0, 0.8], dtype=D)
     pc = [1.0, 0.02, -0.02, 0.0, 0.0]
     c = torch.stack([v * e for v in pc]).reshape(5, 1, 1, 1, 3)
@@ -1115,7 +1115,7 @@ def _mp_recurrence(r0, d, tau, mu):
 def test_propagate_is_the_scalar_recurrence_in_ball_arithmetic():
     """_propagate against the recurrence at 50 digits (mpmath): the end ball contains r_n and the sup is the largest
     r_i, the start included (it is the largest where mu < 0 and the defect is small), rounded up by at most 1e-14."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import recurrence as E
     flint = E._arb()
     d = [1e-3, 5e-4, 2e-3, 0.0]
     for mu, r0, tau in ((0.7, 1e-6, 0.05), (-3.0, 1e-2, 0.1), (0.0, 1e-6, 0.05), (12.0, 0.0, 0.2)):
@@ -1144,7 +1144,7 @@ def test_mu_bar_is_lemma_2_rounded_up():
     """mu over the tube = lam_hat + M2(v) (rho + drift) (Lemma 2), rounded up (by at most 1e-14), v = s^2 the token
     variance floor of the tube, s = std floor - (rho + drift) / sqrt(C); no bound (inf) once s <= 0 (s = 0 exactly
     here); -inf stays -inf (a refuted claim); a field without LayerNorm takes v = 0."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import recurrence as E
     f = _CurvField(2.0, 1.0, uses_variance=True)
     mu, v = E._mu_bar(f, 0.3, 0.5, 0.25, 0.375, 4)  # s = 0.5 - 0.625 / 2 = 0.1875
     assert v == 0.1875 ** 2
@@ -1164,7 +1164,7 @@ def test_bootstrap_accepts_the_first_tube_that_holds_and_records_the_last_it_tri
     recurrence at 50 digits); where no tube of the ladder 2 s0 4^i (i < 8) holds, the record keeps the largest one
     and the log-norm over it; max_tube caps the ladder; a given tube is the only one tried; a non-finite start and a
     lost variance floor are refused with the reason."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import recurrence as E
     flint = E._arb()
     d, tau, r0, lam = [1e-3, 2e-3, 1e-3], 0.1, 1e-5, 0.4
     ok = E._bootstrap(flint, _CurvField(0.0), flint.arb(r0), d, tau, lam, 1.0, 0.0, 4, None, None)
@@ -1207,7 +1207,7 @@ def test_piecewise_quartic_takes_the_dense_output_at_the_quarter_nodes():
     asked here for the times a + h (0, 1/4, 1/2, 3/4, 1)) at its nodes and is within 10 tol of expm between them;
     the counts are the solver's (both passes take the same steps)."""
     from lipcheck.models.ode import integrate
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     A, x0 = _linear_case()
     f = LinearField(A)
     tol = 1e-6
@@ -1240,7 +1240,7 @@ def test_quartic_helpers_against_numpy():
     """_poly (d-th derivative in t of the step's quartic), _coef_sup (sum_k k!/(k-d)! ||c_k|| / h^d, the bound
     _bern_sup never exceeds), _token_speed (per token sup ||y_i'||: at least the sampled speed, and exact where y' is
     affine in s), _sampled_defect (max ||y' - F(y)|| at s = 1/8, 3/8, 5/8, 7/8 of every step), numpy's polynomials."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     g = torch.Generator().manual_seed(21)
     h = 0.4
     c = torch.randn(5, 2, 1, 2, 3, generator=g, dtype=D)
@@ -1303,7 +1303,7 @@ def test_bernstein_matrix_is_the_exact_rational_one():
     in exact rationals: values at s = 0, 1/4, 1/2, 3/4, 1 -> Bernstein coefficients; rows sum to 1 (a constant's
     coefficients are that constant) and its end rows pick the end values."""
     from fractions import Fraction as Fr
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     want = _bernstein_from_values()
     for M in (E._bernstein_matrix(), E._M):
         assert M == want and all(isinstance(x, Fr) for row in M for x in row)
@@ -1448,7 +1448,7 @@ def test_ssog_field_auto_lognorm_is_dense_up_to_4096_numbers(monkeypatch):
     field's constants and the dense Jacobian machinery are stubbed here (only the choice is under test: building
     them at n = 4096 takes seconds)."""
     from types import SimpleNamespace
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import field as E
     monkeypatch.setattr(E.ln, "field_constants", lambda block, H, W, **kw: SimpleNamespace(C=16))
     monkeypatch.setattr(E.ln, "DenseLogNorm", lambda block, H, W, **kw: ("dense", H * W))
     for H, W, kind in ((16, 16, "dense"), (16, 17, "structured"), (2, 2, "dense")):
@@ -1461,7 +1461,7 @@ def test_piecewise_quartic_refuses_steps_that_stop_short_of_t1(monkeypatch):
     """If the solver's recorded steps do not reach t1 (the last accepted step lost here, in both passes), there is no
     piecewise quartic on [0, t1]: an EnclosureError that says so, not a shorter y."""
     import lipcheck.models.ode as ode
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     real = ode.integrate
 
     def short(field, *args, **kw):
@@ -1480,7 +1480,7 @@ def test_rayleigh_lower_without_a_jacobian_method_uses_the_dense_jacobian():
     Rayleigh quotient of the symmetric part less the rounding allowance, so below lambda_max((J + J^T) / 2) of the
     autograd Jacobian and within 1e-10 of it."""
     from lipcheck import ViT
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import field as E
     torch.manual_seed(4)
     model = ViT("ode", "ssog", dtype=D, img_size=8, patch_size=4, dim=8, num_heads=2, num_components=2, depth=1)
     block = model.vector_field.block
@@ -1544,7 +1544,7 @@ def test_direct_enclosure_of_hand_made_pieces_is_theorem_5_to_the_last_term():
     sub-intervals with mu = the point log-norm rounded up by 1 + gamma_8, the tube is twice the interval's sup.
     A token of sample 0 loses all variance on the last step: not proven from there, with the reason naming the
     check, its numbers and the interval. The statistics echo the pieces' solver counts and the defaults."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import direct as E
     flint = E._arb()
     mpmath.mp.dps = 50
     u = mpmath.mpf(2) ** -53
@@ -1605,7 +1605,7 @@ def test_direct_enclosure_log_norm_intervals_and_a_last_step_past_the_budget():
     drift term M2 * drift stays below mu_slack): a straight piece y = v + s w at token speed ||w_i|| / h and curvature
     K with K max||w_i|| h / (2 mu_slack) = 2.5 gets 4. A time budget used up on the last step stops nothing: the
     whole horizon is proven."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import direct as E
     v = torch.tensor([[0.5, -1.25, 2.0], [1.5, 0.75, -0.5]], dtype=D).reshape(2, 1, 1, 3)
     wv = torch.tensor([[1.0, 2.0, 2.0], [0.0, 0.6, 0.8]], dtype=D).reshape(2, 1, 1, 3) / 64  # token speeds 3/64, 1/64
     c = torch.zeros(5, 2, 1, 1, 3, dtype=D)
@@ -1660,7 +1660,7 @@ def test_enclose_hands_every_setting_to_the_field_and_the_proof(monkeypatch):
 @pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
 def test_direct_enclosure_solves_with_the_given_method_and_tolerance():
     """ref_tol=None: y is the solve with the given method and tol (bosh3 here: its steps and NFE, repeated here)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     A, x0 = _linear_case()
     f = LinearField(A)
     enc = wp.enclose_field(f, x0, 1.0, method="bosh3", tol=1e-5, ref_tol=None, tube=1e-14)
@@ -1684,7 +1684,7 @@ def test_bern_sup_is_the_bernstein_bound_for_every_derivative():
     Lemma 6), formed here in exact rationals; never above the coefficient sum (1 + gamma_16), and strictly tighter
     than it for these coefficients."""
     from fractions import Fraction as Fr
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     mpmath.mp.dps = 50
     g16 = 16 * mpmath.mpf(2) ** -53 / (1 - 16 * mpmath.mpf(2) ** -53)
     c = torch.randn(5, 2, 1, 2, 3, generator=torch.Generator().manual_seed(13), dtype=D)
@@ -1710,7 +1710,7 @@ def test_piecewise_quartic_stops_at_a_non_finite_state_with_where_and_when():
     IntegrationError carrying the time and the NFE of the call that saw the non-finite state (counted here) and its
     non-finite norm, never a quartic."""
     from lipcheck import IntegrationError
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     calls = []
 
     def field(x):
@@ -1725,7 +1725,7 @@ def test_piecewise_quartic_stops_at_a_non_finite_state_with_where_and_when():
 def test_eval_works_in_chunks_of_about_the_given_number_of_tokens():
     """_eval: F on every sample, called on at most max(1, tokens // (H W)) samples at a time (memory), the default
     16384 tokens: 5 samples of 64 x 64 tokens go in chunks of 4 and 1."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     sizes = []
 
     def field(x):
@@ -1743,7 +1743,7 @@ def test_eval_works_in_chunks_of_about_the_given_number_of_tokens():
 def test_reference_method_reports_the_users_solve_counts():
     """Theorem 6 on the tanh ODE: the step counts reported are those of the user's solve y at tol (its rejected steps
     too, repeated here), the reference solve's under "reference" (another number here)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import quartic as E
     f = TanhField(4, 6, seed=3, scale=1.5)
     x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
     enc = wp.enclose_field(f, x0, 1.0, tol=1e-3, ref_tol=1e-5, ref_defect_abs=1.0)
@@ -1758,7 +1758,7 @@ def test_rayleigh_lower_subtracts_the_jacobians_error():
     sqrt(n) eps_J (a Jacobian whose products J w are each within eps_J ||w|| (Lemma 4) is within sqrt(n) eps_J in
     Frobenius norm). A diagonal A with top eigenvalue 0: the quotient is exactly 0, the value a small negative
     rounding allowance (below 0, above -1e-11 at ||A||_F ~ 1e3), and eps_J lowers it by exactly sqrt(n) eps_J."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import field as E
     A = np.diag([0.0, -1000.0, -3.0, -0.5, -2.0, -7.0])
     y = torch.randn(2, 1, 1, 6, generator=torch.Generator().manual_seed(0), dtype=D)
     lo = E.rayleigh_lower(LinearField(A), y, 0.0)
@@ -1774,7 +1774,7 @@ def test_direct_enclosure_defect_of_a_straight_piece_is_theorem_5_condition_1():
     each of the 8 sub-intervals dbar = (||w|| / h + gamma_10 ||w|| / h + (tau^2 / 8) K (sum_i ||w_i||^4)^(1/2) / h^2
     (1 + gamma_{N + 4C + 64})) (1 + gamma_16): the rounding of y' (Lemma 4) and the remainder with the per-token
     speeds (smaller here than ||y'||^2, which the bound may also use)."""
-    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed import direct as E
     mpmath.mp.dps = 50
     u = mpmath.mpf(2) ** -53
     gam = lambda n: n * u / (1 - n * u)  # noqa: E731
@@ -1796,3 +1796,148 @@ def test_direct_enclosure_defect_of_a_straight_piece_is_theorem_5_condition_1():
     for d in enc.defect[:, 0].tolist():
         assert abs(mpmath.mpf(d) - want) <= 4e-16 * want, (d, float(want))  # the float64 evaluation: ~2e-17 here
     assert np.allclose(enc.defect_sampled[:, 0].numpy(), float(wn / h), rtol=1e-14, atol=0)
+
+
+# ------------------------------------------------------------------ rounding in the safe direction (proofs/S5.md)
+
+def test_mu_bar_and_envelope_round_up_negative_log_norms():
+    """A negative log-norm rounded 'up' by a factor 1 + gamma moves down: _mu_bar and lognorm_envelope must stay
+    above the exact values (50 digits) whatever the sign, also where lam_hat and the curvature term cancel."""
+    from lipcheck.wellposed import recurrence as R
+    mu, _ = R._mu_bar(_CurvField(0.0), -0.5, 1.0, 0.0, 0.0, 4)
+    assert mu >= -0.5
+    mu, _ = R._mu_bar(_CurvField(3.0), -1.0, 1.0, 0.1, 0.2333333333333333, 4)
+    with mpmath.workdps(50):
+        assert mpmath.mpf(mu) >= -1 + 3 * (mpmath.mpf(0.1) + mpmath.mpf(0.2333333333333333))
+    from types import SimpleNamespace
+    iv = dict(tau=1.0, lam=[-3.0], std=[1.0], drift=[0.0])
+    enc = SimpleNamespace(proven=torch.tensor([True]), _envelope_data=dict(
+        intervals=[iv], field=_CurvField(0.0), radius=torch.zeros(2, 1, dtype=D), C=4))
+    G = wp.lognorm_envelope(enc, 0.0)
+    with mpmath.workdps(50):
+        assert mpmath.mpf(float(G[1, 0])) >= mpmath.exp(-3)
+
+
+def test_upper_ends_of_balls_are_rounded_up():
+    """float() of an arb ball's upper end rounds to nearest, which can land below it (here at 200 bits, 1/3): the
+    recurrence's sup must be at or above the ball's upper end."""
+    from lipcheck.wellposed import recurrence as R
+    flint = R._arb()
+    prec = flint.ctx.prec
+    try:
+        flint.ctx.prec = 200
+        r = flint.arb(1) / 3
+        _, sup = R._propagate(flint, r, [], 0.1, 0.0)
+        assert sup >= r.upper()
+        assert flint.arb(R.upper(r)) >= r.upper() and R.upper(-r) >= float(-r.upper())
+    finally:
+        flint.ctx.prec = prec
+    assert R.upper(flint.arb(0.5)) == 0.5 and R.upper(flint.arb(math.inf)) == math.inf
+
+
+def test_point_log_norms_at_rounded_states_cover_the_exact_centre():
+    """The point log-norms are taken at fl(y(s_j)), within gamma_10 sum|c_k| of y(s_j): the log-norm over the tube
+    adds the curvature times that distance (here it dominates the rest of the curvature term)."""
+    from lipcheck.wellposed import direct as E
+    mpmath.mp.dps = 50
+    u = mpmath.mpf(2) ** -53
+    v = torch.full((1, 1, 1, 3), 1e3, dtype=D) * torch.tensor([1.0, -2.0, 3.0], dtype=D)
+    pieces = _constant_pieces([v], [(0.0, 1.0)])
+    K, lam = 100.0, 0.5
+    enc = E._enclose_direct(_StubField(0.0, [0.0], [lam], K=K), v.clone(), 1.0, pieces=pieces)
+    assert enc.proven.all(), enc.reason
+    err_y = 10 * u / (1 - 10 * u) * mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(a)) ** 2 for a in v.reshape(-1)))
+    for k in range(len(enc.mu)):
+        assert mpmath.mpf(float(enc.mu[k, 0])) >= lam + K * (mpmath.mpf(float(enc.tube[k, 0])) + err_y)
+
+
+def test_dense_forming_allowance_covers_a_cancelling_mlp():
+    """D2 = W2 diag(GELU') W1 J2 with W2 = [A, -A] and W1 = [B; B]: exactly 0, but its float32 evaluation is not.
+    The allowance from the sums' lengths and the absolute values covers the float32 Jacobian's error (one scaled
+    by ||D2||_F would be ~0); the mixer is scaled down so that its share does not hide the MLP's."""
+    from conftest import random_block as block
+    C = 6
+    blk = block(C, heads=2, seed=3)
+    with torch.no_grad():
+        blk.mixer.o_proj.weight.mul_(1e-6)
+        w1, w2, b1 = blk.mlp.fc1.weight, blk.mlp.fc2.weight, blk.mlp.fc1.bias
+        half = w1.shape[0] // 2
+        w1[half:2 * half], b1[half:2 * half] = w1[:half], b1[:half]
+        w2[:, half:2 * half] = -w2[:, :half]
+        w2[:, 2 * half:] = 0
+        w1.mul_(8), w2.mul_(8)
+    blk32 = block(C, heads=2, seed=3, dtype=torch.float32)
+    blk32.load_state_dict({k: x.float() for k, x in blk.state_dict().items()})
+    y = torch.randn(2, 2, 2, C, generator=torch.Generator().manual_seed(1), dtype=D).float()
+    J64, _ = ln.DenseLogNorm(blk, 2, 2).jacobian(y.double())
+    J32, err32 = ln.DenseLogNorm(blk32, 2, 2, dtype=torch.float32).jacobian(y)
+    for b in range(2):
+        assert float(torch.linalg.matrix_norm(J32[b].double() - J64[b], 2)) <= float(err32[b])
+
+
+def test_structured_forming_allowance_uses_layernorm_two(monkeypatch):
+    """The allowance for forming D2 = W2 diag(GELU') W1 J2 scales with ||J_LN2||, not ||J_LN1||: with LN1's eps
+    large and LN2's tiny on tokens of small variance, J_LN2 is ~1e4 times larger. The per-token eigenvalues are
+    taken unverified here (the verification's slack would hide the allowance), so the sum is checked term by term."""
+    from conftest import random_block as block
+    C = 4
+    blk = block(C, heads=2, seed=6)
+    blk.norm1.eps, blk.norm2.eps = 1.0, 1e-12
+    k = ln.field_constants(blk, 2, 2)
+    y = 1.0 + 1e-4 * torch.randn(1, 2, 2, C, generator=torch.Generator().manual_seed(7), dtype=D)
+    n1, _ = ln.token_jacobians(blk, y)
+    n2 = ln.ln_scale(blk.norm2, y.reshape(1, -1, C))
+    assert float(n2.max()) > 1e3 * float(n1.max())
+    seen = {}
+    monkeypatch.setattr(ln, "verified_lambda_max", lambda S, lam: seen.setdefault("lam", lam))
+    got = float(ln.structured_lognorm(blk, k, y, 0.0))
+    first = k.T_norm * float(n1.max()) * (1 + 8 * U * C)
+    form = ln.gamma(k.hidden + 2 * C + 16) * k.W2_abs * k.W1_abs * k.gelu1 * float(n2.max()) * C
+    lam = float(seen["lam"].max())
+    assert form > 1e3 * abs(lam) * U  # far above the rounding of the sum checked next
+    assert got == pytest.approx(first + lam + form, rel=0, abs=16 * U * (first + abs(lam)))
+
+
+def test_a_log_norm_claim_between_the_certified_values_is_not_accepted():
+    """mu_claim = mu_2(A) exactly: above the certified lower value, below the verified upper bound (which carries
+    eps_J): not verified, so not proven (it used to be accepted unchecked); a claim above the upper bound is used."""
+    A, x0 = _linear_case()
+    mu = float(np.linalg.eigvalsh((A + A.T) / 2).max())
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None, mu_claim=mu)
+    assert not enc.proven.any() and all("not verified" in r and "step 0" in r for r in enc.reason)
+    ok = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None, mu_claim=mu + 1e-6)
+    assert ok.proven.all() and float(ok.mu_point.min()) == mu + 1e-6
+
+
+def test_bad_input_is_refused_with_the_argument_named():
+    """An empty batch, tol outside (0, 1), a negative or NaN max_seconds and a method the enclosure cannot follow
+    (fixed-step, scipy_solver, unknown) are refused by name; the method message lists the valid ones."""
+    A, x0 = _linear_case()
+    f = LinearField(A)
+    with pytest.raises(ValueError, match="empty"):
+        wp.enclose_field(f, x0[:0], 1.0)
+    with pytest.raises(ValueError, match="empty"):
+        wp.enclose(_tiny_ode_vit(), torch.zeros(0, 3, 8, 8, dtype=D))
+    for tol in (1.0, 2.0, -1e-3, math.nan):
+        with pytest.raises(ValueError, match="tol"):
+            wp.enclose_field(f, x0, 1.0, tol=tol)
+    for s in (-1.0, math.nan):
+        with pytest.raises(ValueError, match="max_seconds"):
+            wp.enclose_field(f, x0, 1.0, max_seconds=s)
+    for method in ("scipy_solver", "rk4", "nope"):
+        with pytest.raises(ValueError, match="dopri5") as e:
+            wp.enclose_field(f, x0, 1.0, method=method)
+        assert method in str(e.value)
+        with pytest.raises(ValueError, match="bosh3"):
+            wp.enclose(_tiny_ode_vit(), torch.zeros(1, 3, 8, 8, dtype=D), method=method)
+
+
+def test_a_failed_tube_check_says_where_the_bound_first_left_the_tube():
+    """The reason of a failed tube check names the first time at which the error bound exceeded the last tube
+    tried, inside the interval it reports."""
+    A, x0 = _linear_case()
+    enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None, tube=1e-14)
+    import re
+    for r in enc.reason:
+        m = re.search(r"first above it at t=([0-9.e-]+); interval ending t=([0-9.e-]+), step 0", r)
+        assert m and 0 <= float(m.group(1)) <= float(m.group(2)), r

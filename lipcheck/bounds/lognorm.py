@@ -195,6 +195,7 @@ class DenseLogNorm:
         p = ssog_params(block.mixer, dtype=dtype, device=device)
         self.block, self.T = block, dense_operator(p, H, W)
         self.T_abs_norm = float(norm2_upper(self.T.abs()))  # verified by Cholesky
+        self.mlp_abs = _mlp_abs_product(block, dict(dtype=dtype, device=device))  # || |W2| || sup|GELU'| || |W1| ||
         self.vec = None  # top eigenvectors (B, n) of the last eigen-solved point: Rayleigh quotients guess the next
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0
@@ -211,12 +212,11 @@ class DenseLogNorm:
             idx = torch.arange(N, device=y.device)
             J.view(B, N, C, N, C)[:, idx, :, idx, :] += D2.transpose(0, 1)
         u = unit_roundoff(y.dtype)
-        # products of length C plus the kernel's own evaluation (exp, normaliser): gamma_{C + 64} (|T| |D1| + |D2|)
-        # in Frobenius norm, ||(|T| |D1|)||_F <= || |T| ||_2 ||blockdiag |D1| ||_F
-        mag = self.T_abs_norm * D1.flatten(1).norm(dim=-1)
-        if D2 is not None:
-            mag = mag + D2.flatten(1).norm(dim=-1)
-        err = gamma(C + 64, u) * mag * 4
+        # T D1: products of length C plus the kernel's own evaluation (exp, normaliser): gamma_{C + 64} |T| |D1| in
+        # Frobenius norm, ||(|T| |D1|)||_F <= || |T| ||_2 ||blockdiag |D1| ||_F
+        err = gamma(C + 64, u) * self.T_abs_norm * D1.flatten(1).norm(dim=-1) * 4
+        if D2 is not None:  # D2 = W2 diag(GELU') W1 J2: sums of length hidden, then C (Lemma 3)
+            err = err + _mlp_forming_error(self.block, self.mlp_abs, y.reshape(B, N, C)).flatten(1).norm(dim=-1)
         return J, err
 
     def __call__(self, y: torch.Tensor, eps_J: float) -> torch.Tensor:
@@ -238,6 +238,34 @@ class DenseLogNorm:
 def dense_lognorm(block, y: torch.Tensor, eps_J: float) -> torch.Tensor:
     """Upper bounds on mu_2(J_F(y_b)) for every sample of y (B, H, W, C): exact up to verified rounding."""
     return DenseLogNorm(block, y.shape[1], y.shape[2], dtype=y.dtype, device=y.device)(y, eps_J)
+
+
+def ln_scale(norm, x: torch.Tensor) -> torch.Tensor:
+    """max|gamma| / sqrt(var_i + eps) per token of x (..., C): the bound on ||J_LN(x_i)||_2 (1 for Identity)."""
+    if isinstance(norm, nn.Identity):
+        return torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+    g = norm.weight.abs().max() if norm.weight is not None else 1.0
+    return g / (x.var(dim=-1, unbiased=False) + norm.eps).sqrt()
+
+
+def _mlp_abs_product(block, fk) -> float:
+    """|| |W2| ||_2 sup|GELU'| || |W1| ||_2 (rounded up), 0 without an MLP."""
+    if block.mlp is None:
+        return 0.0
+    from .. import symbolic
+    w1, w2 = block.mlp.fc1.weight.detach().to(**fk), block.mlp.fc2.weight.detach().to(**fk)
+    return _op(w2.abs()) * symbolic.gelu_derivative_sup("exact") * _op(w1.abs())
+
+
+def _mlp_forming_error(block, mlp_abs: float, x: torch.Tensor) -> torch.Tensor:
+    """Per token (..., N) a bound on ||fl(D2_i) - D2_i||_F for D2_i = W2 diag(GELU'(z_i)) W1 J2_i: elementwise
+    <= gamma_{hidden + 2C + 16} |W2| |diag GELU'| |W1| |J2_i| (sums of length hidden, then C, and J2_i's own
+    centring and scaling), with || |J2_i| ||_F <= ||J_LN2(x_i)|| (sqrt(C) + 2) (|P| <= I + 1 1^T / C + |xh||xh|^T / C,
+    ||xh||^2 <= C), times 4 for the elementary functions (erf, exp) in GELU'."""
+    C = x.shape[-1]
+    hidden = block.mlp.fc1.weight.shape[0]
+    K = hidden + 2 * C + 16
+    return gamma(K, unit_roundoff(x.dtype)) * mlp_abs * ln_scale(block.norm2, x) * (math.sqrt(C) + 2) * 4
 
 
 def token_jacobians(block, y: torch.Tensor, full: bool = False):
@@ -320,6 +348,7 @@ def structured_lognorm(block, k: FieldConstants, y: torch.Tensor, eps_J: float, 
             vec = vec.clone()
             vec[~ok] = _top_vectors(Sf, w, vec[~ok])
             cache["vec"], cache["eigensolves"] = vec, cache.get("eigensolves", 0) + 1
-    # forming D2 = W2 diag W1 J2: products of length <= hidden + C, a-priori bound in Frobenius norm
-    form = gamma(k.hidden + 2 * k.C + 16, u) * k.W2_abs * k.W1_abs * k.gelu1 * float(n1.max()) * k.C
+    # forming D2 = W2 diag(GELU') W1 J2: products of length <= hidden + C, a-priori bound with LN2's Jacobian
+    n2 = ln_scale(block.norm2, y.reshape(y.shape[0], -1, k.C))
+    form = gamma(k.hidden + 2 * k.C + 16, u) * k.W2_abs * k.W1_abs * k.gelu1 * float(n2.max()) * k.C
     return first + lam.amax(-1) + form + eps_J

@@ -1,0 +1,96 @@
+"""The defect delta = y' - F(y) of the piecewise quartic y, bounded on whole sub-intervals (proofs/S5.md,
+Theorem 5, condition 1): the larger end value, the rounding, and tau^2 / 8 sup ||delta''||."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..bounds import lognorm as ln
+from ..bounds.network import token_variance_lower
+from .quartic import _bern_sup, _eval, _poly, _token_speed
+from .solve import sample_norm
+
+EVAL_TERMS = 10  # polynomial evaluation (<= 5 terms, powers of sigma): error <= gamma_10 sum |c_k|
+
+
+def step_bounds(steps, coefs, C: int) -> list:
+    """Per step: h, sups of ||y'||, ||y''||, ||y'''|| (B,), per-token speed sup ||y_i'|| (B, N) and its largest
+    `speed`, (sum_i sup ||y_i'||^4)^(1/2) `sq4`, and the evaluation errors of y (`err_y`) and y' (`err_d1`)."""
+    out = []
+    for (a, b), c in zip(steps, coefs):
+        u = ln.unit_roundoff(c.dtype)
+        ev = ln.gamma(EVAL_TERMS, u)
+        h = b - a
+        cn = [sample_norm(c[j]) for j in range(5)]
+        tok = [c[j].norm(dim=-1).flatten(1) for j in range(5)]  # (B, N)
+        speed_tok = torch.minimum(sum(j * tok[j] for j in range(1, 5)) / h, _token_speed(c, h))  # sup ||y_i'||
+        N = speed_tok.shape[1]
+        out.append(dict(h=h, cn=cn, d1=_bern_sup(c, h, 1), d2=_bern_sup(c, h, 2), d3=_bern_sup(c, h, 3),
+                        speed=speed_tok.amax(1), speed_tok=speed_tok, err_y=ev * sample_norm(c.abs().sum(0)),
+                        sq4=(speed_tok ** 4).sum(1).sqrt() * (1 + ln.gamma(N + 4 * C + 64, u)),
+                        err_d1=ev * sum(j * cn[j] for j in range(1, 5)) / h))
+    return out
+
+
+def jumps_and_start(x0, coefs, info) -> tuple[list, torch.Tensor]:
+    """([0, ||J_1||, ...] the jumps between steps with both sides' evaluation errors, r(0) >= ||x0 - fl(y(0))||)."""
+    u = ln.unit_roundoff(x0.dtype)
+    jumps = [torch.zeros(x0.shape[0], dtype=x0.dtype, device=x0.device)]
+    jumps += [sample_norm(coefs[k + 1][0] - coefs[k].sum(0)) * (1 + ln.gamma(8, u))
+              + info[k]["err_y"] + info[k + 1]["err_y"] for k in range(len(coefs) - 1)]
+    r0 = sample_norm(x0 - coefs[0][0]) * (1 + ln.gamma(4, u)) + info[0]["err_y"]
+    return jumps, r0
+
+
+def token_std_lower(y: torch.Tensor) -> torch.Tensor:
+    """(P, B, H, W, C) -> (P, B, N): a lower bound on LayerNorm's (biased) token std of the float states y: the
+    variance's proven lower bound (proofs/S3.md, 'Rounding'), then one square root and one product."""
+    return token_variance_lower(y).sqrt().flatten(2) * (1 - ln.gamma(2, ln.unit_roundoff(y.dtype)))
+
+
+def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
+    """The defect bound on the m sub-intervals of one step with coefficients c (5, B, H, W, C): per sub-interval
+    and sample `defect` >= sup ||delta||, with the sampled values, the remainder and the constants it used."""
+    B, H, W, C = c.shape[1:]
+    fk = dict(dtype=c.dtype, device=c.device)
+    u = ln.unit_roundoff(c.dtype)
+    h = inf["h"]
+    s = torch.linspace(0.0, 1.0, m + 1, **fk)
+    y, d1 = _poly(c, s, h, 0), _poly(c, s, h, 1)
+    Fy = _eval(field, y.reshape(-1, H, W, C)).reshape(y.shape)
+    std = token_std_lower(y)  # (m+1, B, N), at fl(y(s_j))
+    tau = h / m
+    # how far a token of y moves from the nearer end, plus fl(y) - y (the stds are those of fl(y)); the products,
+    # the sum and the division by sqrt(C) rounded up by 1 + gamma_5
+    reach = (inf["speed_tok"] * (tau / 2) + inf["err_y"][:, None]) / math.sqrt(C) * (1 + ln.gamma(5, u))
+    floor = (torch.minimum(std[:-1], std[1:]) - reach).amin(-1)  # (m, B) token std floor on each sub-interval
+    # the subtraction (where positive) and the square round once each: 1 - gamma_4 keeps v_y below floor^2
+    v_y = float(floor.clamp_min(0).min()) ** 2 * (1 - ln.gamma(4, u)) if field.uses_variance else 0.0
+    eps_F, eps_J = field.rounding(y.reshape(-1, H, W, C), v_y)
+    eps_F = eps_F.reshape(m + 1, B).amax(0)
+    L, M2 = field.lipschitz(v_y), field.curvature(v_y)
+    dn = sample_norm(d1 - Fy)  # (m+1, B)
+    rd = inf["err_d1"] + eps_F + L * inf["err_y"]
+    # sup ||delta''|| on the step (B,): ||D^2F[u, u]|| <= M2 (sum_i ||u_i||^4)^(1/2) token by token (Lemma 2)
+    Mdd = inf["d3"] + M2 * torch.minimum(inf["sq4"], inf["d1"] ** 2) + L * inf["d2"]
+    # delta - (its linear interpolant) = -int G delta'', G >= 0, int G = s (tau - s) / 2 <= tau^2 / 8
+    rem = tau ** 2 / 8 * Mdd
+    sup = torch.maximum(dn[:-1], dn[1:]) + rd + rem
+    return dict(m=m, s=s, y=y, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
+                remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J)
+
+
+def refined_step(field, c, inf, opts) -> dict:
+    """`sample_step` on 8, 16, ... sub-intervals until the remainder is below defect_ratio times the sampled
+    defect (or below defect_abs), or max_per_step is reached (a tuning loop: every result is a valid bound)."""
+    fk = dict(dtype=c.dtype, device=c.device)
+    m = 8
+    while True:
+        smp = sample_step(field, c, inf, m)
+        base = torch.maximum(opts.defect_ratio * torch.maximum(smp["sampled"][:-1], smp["sampled"][1:]),
+                             torch.as_tensor(opts.defect_abs, **fk))  # remainder <= ratio * sampled, or <= abs
+        worst = opts.defect_ratio * float((smp["remainder"] / base.clamp_min(1e-300)).max())
+        if worst <= opts.defect_ratio or 2 * m > opts.max_per_step or not math.isfinite(worst):
+            return smp
+        m = min(opts.max_per_step, m * max(2, 2 ** math.ceil(math.log2(math.sqrt(worst / opts.defect_ratio)))))

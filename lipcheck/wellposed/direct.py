@@ -1,0 +1,205 @@
+"""The direct enclosure of one computed solution (proofs/S5.md, Theorem 5): step by step, the defect on whole
+sub-intervals, point log-norms on a coarser grid, and the bootstrapped radius recurrence per log-norm interval."""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from ..bounds import lognorm as ln
+from .defect import jumps_and_start, refined_step, step_bounds
+from .field import point_lognorms
+from .options import DirectOptions, check_inputs
+from .quartic import piecewise_quartic
+from .recurrence import _arb, _bootstrap
+from .result import Enclosure
+
+ROWS = ("radius", "tube", "mu", "defect", "sampled", "mu_point")
+
+
+def lognorm_grid(smp: dict, inf: dict, mu_slack: float) -> list:
+    """Indices of the fine nodes where point log-norms are taken: P intervals (a power of two dividing m), enough
+    that the curvature term M2 * drift grows by about mu_slack on each."""
+    m = smp["m"]
+    if math.isfinite(smp["M2"]):
+        P = max(1, math.ceil(smp["M2"] * float(inf["speed"].max()) * inf["h"] / (2 * mu_slack)))
+    else:
+        P = m
+    P = min(m, 2 ** math.ceil(math.log2(P)))
+    return list(range(0, m + 1, m // P))
+
+
+def _where(out: dict, k: int, a: float, h: float, j0: int, j1: int, m: int) -> str:
+    """The failure reason with where it happened: the interval, the step and where the bound first left the tube."""
+    t0, t_end = a + h * j0 / m, a + h * j1 / m
+    why = out["why"]
+    if not why.endswith(")"):
+        return why + f" (interval [{t0:.6g}, {t_end:.6g}], step {k})"
+    first = out.get("first")
+    at = f"first above it at t={a + h * (j0 + first) / m:.6g}; " if first is not None else ""
+    return why + f" [{at}interval ending t={t_end:.6g}, step {k}]"
+
+
+def _claim_failure(lam_hat: float, k: int, t_end: float):
+    if lam_hat == -math.inf:
+        return f"claimed log-norm refuted: below the certified value of mu_2 at the centre (interval ending " \
+               f"t={t_end:.6g}, step {k})"
+    if math.isnan(lam_hat):
+        return f"claimed log-norm not verified: below the verified upper bound on mu_2 at the centre (interval " \
+               f"ending t={t_end:.6g}, step {k})"
+    return None
+
+
+def _lam_hat(lam, p: int, b: int) -> float:
+    """The larger of the two end log-norms; a refuted claim (-inf) or an unverified one (nan) at either end wins."""
+    ends = (float(lam[p, b]), float(lam[p + 1, b]))
+    if any(math.isnan(x) for x in ends):
+        return math.nan
+    return -math.inf if -math.inf in ends else max(ends)
+
+
+def interval_rows(flint, field, state, smp, inf, lam, p, idx, k, a, opts):
+    """Theorem 5 on one log-norm interval [idx[p], idx[p+1]] of step k, every sample: updates state (radius arbs,
+    reasons) and returns the interval's row of every reported quantity and its envelope data."""
+    m, h, C = smp["m"], inf["h"], smp["y"].shape[-1]
+    j0, j1 = idx[p], idx[p + 1]
+    tau = h / m
+    std_floor = torch.minimum(smp["std"][j0], smp["std"][j1]).amin(-1)  # (B,) token std at the ends
+    # how far a token moves from the nearer end (rounded up), and the evaluation error of fl(y) at the ends
+    drift = inf["speed"] * ((j1 - j0) * tau / 2) * (1 + ln.gamma(3, ln.unit_roundoff(std_floor.dtype)))
+    offset = inf["err_y"]
+    rows = {name: [] for name in ROWS}
+    for b in range(len(state["r"])):
+        dsub = smp["defect"][j0:j1, b]
+        rows["defect"].append(float(dsub.max()))
+        rows["sampled"].append(float(smp["sampled"][j0:j1 + 1, b].max()))
+        rows["mu_point"].append(float(lam[p + 1, b]))
+        if state["reason"][b] is not None:
+            rows["radius"].append(math.inf), rows["tube"].append(math.nan), rows["mu"].append(math.nan)
+            continue
+        lam_hat = _lam_hat(lam, p, b)
+        claim = _claim_failure(lam_hat, k, a + h * j1 / m)
+        out = dict(ok=False, why=claim) if claim else _bootstrap(
+            flint, field, state["r"][b], [float(x) for x in dsub], tau, lam_hat, float(std_floor[b]),
+            float(drift[b]), C, opts.tube, opts.max_tube, float(offset[b]))
+        if out["ok"]:
+            state["r"][b] = out["r_end"]
+            rows["radius"].append(out["sup"]), rows["tube"].append(out["rho"]), rows["mu"].append(out["mu"])
+        else:
+            state["reason"][b] = out["why"] if claim else _where(out, k, a, h, j0, j1, m)
+            rows["radius"].append(math.inf)
+            rows["tube"].append(out.get("rho", math.nan)), rows["mu"].append(out.get("mu", math.nan))
+    # the envelope's tubes reach drift + ||fl(y) - y|| from the evaluated points: one number, rounded up
+    env = dict(tau=(j1 - j0) * tau, lam=[_lam_hat(lam, p, b) for b in range(len(state["r"]))],
+               std=std_floor.tolist(), drift=[math.nextafter(d + e, math.inf) for d, e in zip(drift.tolist(),
+                                                                                           offset.tolist())])
+    return rows, env
+
+
+class _Table:
+    """The rows of the result, one per interval end (t = 0 first)."""
+
+    def __init__(self, r0, c0):
+        self.t, self.center, self.spans, self.env = [0.0], [c0], [], []
+        self.rows = {name: [] for name in ROWS}
+        self.rows["radius"].append(r0.tolist())
+
+    def add(self, t, center, span, rows, env):
+        self.t.append(t), self.center.append(center), self.spans.append(span), self.env.append(env)
+        for name in ROWS:
+            self.rows[name].append(rows[name])
+
+    def close(self, t1, center, B):
+        """Every sample has failed: one closing interval to t1 with an infinite radius."""
+        rows = {name: [math.nan] * B for name in ROWS}
+        rows["radius"] = [math.inf] * B
+        self.add(t1, center, None, rows, dict(tau=t1 - self.t[-1], lam=[math.inf] * B, std=[0.0] * B,
+                                              drift=[math.inf] * B))
+
+
+def _out_of_time(state, table, opts, k):
+    for b, why in enumerate(state["reason"]):  # out of time: what holds so far is reported, the rest is not proven
+        if why is None:
+            state["reason"][b] = (f"time budget of {opts.max_seconds:.0f} s used up after step {k}: proven on "
+                                  f"[0, {table.t[-1]:.6g}] with radius {table.rows['radius'][-1][b]:.3g} there, "
+                                  f"not beyond")
+
+
+def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, pieces=None) -> Enclosure:
+    """Theorem 5 for any field object with the `SSoGField` interface (__call__, lipschitz(v), curvature(v),
+    rounding(y, v), lognorm(y, v, eps_J), uses_variance), around the solve `pieces` (default: solved here with
+    opts.method at opts.tol, integrating opts.solver_field or field)."""
+    check_inputs(x0, t1, opts)
+    flint = _arb()
+    start = time.perf_counter()
+    B, C = x0.shape[0], x0.shape[-1]
+    steps, coefs, sol = pieces or piecewise_quartic(opts.solver_field or field, x0, t1, method=opts.method,
+                                                    tol=opts.tol)
+    clock = dict(solve=time.perf_counter() - start, defect=0.0, lognorm=0.0)
+    info = step_bounds(steps, coefs, C)
+    jumps, r0 = jumps_and_start(x0, coefs, info)
+    state = dict(r=[flint.arb(float(x)) for x in r0], reason=[None] * B)
+    table, fine, lams = _Table(r0, coefs[0][0]), [], []
+    bar = tqdm(range(len(steps)), desc="enclose", disable=not opts.progress, leave=False)
+    for k in bar:  # one step at a time (defect, log-norms, propagation): a failure stops the work where it happens
+        now = time.perf_counter()
+        smp = refined_step(field, coefs[k], info[k], opts)
+        clock["defect"] += time.perf_counter() - now
+        now = time.perf_counter()
+        idx = lognorm_grid(smp, info[k], opts.mu_slack)
+        lam = point_lognorms(field, smp["y"][idx], smp["v_y"], smp["eps_J"], opts.mu_claim)
+        clock["lognorm"] += time.perf_counter() - now
+        fine.append(smp), lams.append((idx, lam))
+        if k == 0:
+            table.rows["mu_point"].append(lam[0].tolist())
+        for b in range(B):
+            if state["reason"][b] is None and k > 0:
+                state["r"][b] = state["r"][b] + flint.arb(float(jumps[k][b]))
+        a = steps[k][0]
+        for p in range(len(idx) - 1):
+            rows, env = interval_rows(flint, field, state, smp, info[k], lam, p, idx, k, a, opts)
+            table.add(a + info[k]["h"] * idx[p + 1] / smp["m"], smp["y"][idx[p + 1]].clone(),
+                      (k, idx[p], idx[p + 1], smp["m"]), rows, env)
+        smp["y"] = None  # (m+1) states of n numbers: not kept across steps (memory at full size)
+        bar.set_postfix(t=f"{table.t[-1]:.4g}", radius=f"{max(table.rows['radius'][-1]):.3g}")
+        if opts.max_seconds is not None and time.perf_counter() - start > opts.max_seconds and k < len(steps) - 1:
+            _out_of_time(state, table, opts, k)
+        if all(x is not None for x in state["reason"]) and k < len(steps) - 1:
+            table.close(t1, coefs[-1].sum(0), B)
+            break
+    clock["total"] = time.perf_counter() - start
+    return _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock)
+
+
+def _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock) -> Enclosure:
+    fk = dict(dtype=x0.dtype, device=x0.device)
+    stiff = [max(float(torch.nan_to_num(lam, nan=-math.inf).max()), 0.0) * (steps[k][1] - steps[k][0])
+             for k, (_, lam) in enumerate(lams)]
+    t = torch.tensor(table.t, **fk)
+    t[-1] = t1
+    dense = getattr(field, "_dense", None)
+    stats = dict(method=opts.method, tol=opts.tol, nfe_forward=sol["nfe_forward"],
+                 nfe_dense_output=sol["nfe_dense_output"], accepted=sol["accepted"], rejected=sol["rejected"],
+                 steps=len(steps), fine_points=sum(s["m"] for s in fine),
+                 lognorm_points=sum(len(idx) for idx, _ in lams), lognorm=getattr(field, "lognorm_kind", "given"),
+                 eigensolves=(dense.eigensolves if dense is not None
+                              else getattr(field, "_cache", {}).get("eigensolves")),
+                 stiffness_max=max(stiff), stiffness=stiff, step_sizes=[b - a for a, b in steps],
+                 curvature_max=max(s["M2"] for s in fine), lipschitz_max=max(s["L"] for s in fine),
+                 variance_floor=min(s["v_y"] for s in fine), defect_ratio=opts.defect_ratio,
+                 mu_slack=opts.mu_slack, seconds=clock)
+    f64 = lambda rows: torch.tensor(rows, **fk)  # noqa: E731
+    rows = {name: f64(table.rows[name]) for name in ROWS}
+    return Enclosure(proven=torch.tensor([x is None for x in state["reason"]]), t=t,
+                     center=torch.stack(table.center), radius=rows["radius"], reason=state["reason"],
+                     tube=rows["tube"], mu=rows["mu"], mu_point=rows["mu_point"], defect=rows["defect"],
+                     defect_sampled=rows["sampled"], steps=steps, stats=stats,
+                     _envelope_data=dict(intervals=table.env, field=field, radius=rows["radius"], C=x0.shape[-1]),
+                     _pieces=dict(steps=steps, coefs=coefs, spans=table.spans))
+
+
+def _enclose_direct(field, x0: torch.Tensor, t1: float, *, pieces=None, **settings) -> Enclosure:
+    """`enclose_direct` with the settings of `DirectOptions` given by name."""
+    return enclose_direct(field, x0, t1, DirectOptions(**settings), pieces=pieces)

@@ -1,0 +1,77 @@
+"""What the enclosure needs from the vector field: values, constants, rounding bounds and point log-norms."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..bounds import lognorm as ln
+from .options import EnclosureError
+
+
+class SSoGField:
+    """What the enclosure needs from F = SSoG(LN1 x) + MLP(LN2 x): values, J w, constants, point log-norms.
+
+    Any other field object with the same interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
+    lognorm(y, v, eps_J), uses_variance) is enclosed the same way."""
+
+    def __init__(self, block, H: int, W: int, *, lognorm: str = "auto", dtype=torch.float64, device=None):
+        self.block = block
+        self.k = ln.field_constants(block, H, W, dtype=dtype, device=device)
+        n = H * W * self.k.C
+        if lognorm == "auto":
+            lognorm = "dense" if n <= 4096 else "structured"
+        if lognorm not in ("dense", "structured"):
+            raise EnclosureError(f"lognorm must be 'auto', 'dense' or 'structured', got {lognorm!r}")
+        self.lognorm_kind = lognorm
+        self.uses_variance = True
+        self._dense = ln.DenseLogNorm(block, H, W, dtype=dtype, device=device) if lognorm == "dense" else None
+        self._cache = {}  # structured: cached per-token eigenvectors (Cholesky first, eigensolver on failure)
+
+    def __call__(self, x):
+        return self.block.vector_field(x)
+
+    def lipschitz(self, v: float) -> float:
+        return self.k.lipschitz(v)
+
+    def curvature(self, v: float) -> float:
+        return self.k.curvature(v)
+
+    def rounding(self, y, v):
+        return ln.rounding_bounds(self.k, y, v)
+
+    def lognorm(self, y, v, eps_J):
+        if self.lognorm_kind == "dense":
+            return self._dense(y, eps_J)
+        return ln.structured_lognorm(self.block, self.k, y, eps_J, cache=self._cache)
+
+
+def rayleigh_lower(field, y: torch.Tensor, eps_J: float) -> torch.Tensor:
+    """A certified lower value of mu_2(J_F(y_b)) per sample: v^T S v / v^T v for the computed top eigenvector v of
+    the symmetric part, less its rounding (dense Jacobian; small states only)."""
+    out = []
+    for b in range(y.shape[0]):
+        J = field.jacobian(y[b:b + 1])[0][0] if hasattr(field, "jacobian") else ln.dense_jacobian(field.block, y[b])
+        S = (J + J.T) / 2
+        w, V = torch.linalg.eigh(S)
+        v = V[:, -1]
+        q = float(v @ S @ v) / float(v @ v)
+        n = J.shape[0]
+        out.append(q - ln.gamma(2 * n + 4) * float(torch.linalg.matrix_norm(S)) - math.sqrt(n) * eps_J)
+    return torch.tensor(out, dtype=y.dtype, device=y.device)
+
+
+def point_lognorms(field, ypts: torch.Tensor, v: float, eps_J: float, mu_claim=None) -> torch.Tensor:
+    """Verified upper bounds on mu_2(J_F) at the states ypts (P, B, H, W, C) -> (P, B). With `mu_claim` (float or
+    callable y -> (B,)): the claim where it is at or above the verified bound (so still an upper bound); -inf
+    where it is below the certified lower value (refuted), nan where it lies between (not verified)."""
+    lam = torch.stack([field.lognorm(yp, v, eps_J) for yp in ypts])
+    if mu_claim is None:
+        return lam
+    B = ypts.shape[1]
+    fk = dict(dtype=lam.dtype, device=lam.device)
+    claim = torch.stack([torch.as_tensor(mu_claim(yp) if callable(mu_claim) else mu_claim, **fk).expand(B)
+                         for yp in ypts])
+    lower = torch.stack([rayleigh_lower(field, yp, eps_J) for yp in ypts])
+    out = torch.where(claim >= lam, claim, torch.full_like(claim, math.nan))
+    return torch.where(claim < lower, torch.full_like(claim, -math.inf), out)
