@@ -3,50 +3,175 @@
 Writes docs/exactness.md, docs/figures/exactness_ratio.png and docs/data/exactness.json.
     python experiments/exactness.py [--quick] [--grids 14 16 32 64] [--widths 48 192 384] [--seed 0] [--json PATH] [--docs DIR]
     python experiments/exactness.py --replot docs/data/exactness.json   (the figure only, from saved rows)
-The table is built by experiments/lipschitz.py:exactness_table.
 """
 from __future__ import annotations
 
+import math
 import sys
+import time
 from pathlib import Path
 
-import matplotlib
+import torch
+from tqdm.auto import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from .certify import exactness_table  # noqa: E402
+from lipcheck import SSoG, report
+from lipcheck.bounds import spectral, ssog_lipschitz
+from lipcheck.reports import exactness as exactness_report
+from lipcheck.reports.exactness import METHODS, figure  # noqa: F401
 
-from lipcheck import report  # noqa: E402
-from . import common  # noqa: E402
+from . import common
 
-METHODS = [("lower", "lipcheck lower"), ("upper", "lipcheck upper (smallest certified)"),
-           ("majorant", "Toeplitz majorant"), ("deflated", "deflated bound"), ("circulant", "circulant embedding"),
-           ("zero_padding", "zero-padding, size-independent"), ("power", "power iteration (30 steps)")]
+F64 = torch.float64
 
 
-def figure(rows):
-    kinds = [kk for kk in ("init", "broad", "frozen") if any(r["kernels"] == kk for r in rows)]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 5), sharey=True, squeeze=False)
-    axes = axes[0]
-    for ax, kk in zip(axes, kinds):
-        for key, label in METHODS:
-            for C, ls in ((48, "-"), (192, "--"), (384, ":")):
-                pts = sorted((r["grid"], r[f"{key}_ratio"]) for r in rows
-                             if r["kernels"] == kk and r["C"] == C and r[f"{key}_ratio"] is not None)
-                if pts:
-                    ax.plot(*zip(*pts), ls, marker="o", label=f"{label}, C={C}",
-                            color=f"C{[m for m, _ in METHODS].index(key)}")
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("grid n (n x n tokens)")
-        ax.set_title(f"{kk} kernels")
-    axes[0].set_ylabel("bound / exact")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=5, bbox_to_anchor=(0.5, 0.025))
-    fig.tight_layout(rect=(0, 0.25, 1, 1))  # the legend (up to 21 entries) below the x labels, above the stamp
-    return fig
+def exactness_layer(C: int, kernels: str, seed: int, heads: int = 3) -> SSoG:
+    """C channels, 3 heads, 4 components, float64: the default initialisation, 'broad' shifted signed kernels
+    (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]), or 'frozen' narrow mixed-sign kernels as in the presets
+    table (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma log-uniform in [0.25, 3])."""
+    torch.manual_seed(seed)
+    layer = SSoG(C, heads).double()
+    with torch.no_grad():
+        if kernels == "broad":
+            layer.set_gaussian_params(alpha=torch.randn(heads, 4, dtype=F64), mu=torch.randn(heads, 4, 2, dtype=F64) * 3,
+                                      sigma=torch.rand(heads, 4, 2, dtype=F64) * 6 + 0.5)
+        elif kernels == "frozen":
+            layer.set_gaussian_params(alpha=torch.randn(heads, 4, dtype=F64) / 4,
+                                      mu=(torch.rand(heads, 4, 2, dtype=F64) * 2 - 1) * 4,
+                                      sigma=torch.exp(torch.rand(heads, 4, 2, dtype=F64) * math.log(12)) * 0.25)
+        elif kernels != "init":
+            raise ValueError(f"kernels must be 'init', 'broad' or 'frozen', got {kernels!r}")
+    return layer
+
+
+def zero_padding_bound(p, *, oversample: int = 8, max_grid: int = 384, tail: float = 1e-12) -> float:
+    """An input-size-independent bound for the zero-padded operator in the style of Delattre et al. (2024): the
+    kernel truncated to a fixed support |k - round(mu)| <= R (R from a tail mass < `tail`), its symbol -- a
+    trigonometric polynomial of degree d = R + |round(mu)| per axis -- sampled on an n0 x n0 DFT grid, n0 =
+    min(oversample * (2 d + 1), max_grid), inflated by 1 / (1 - pi d / n0)^2 (Bernstein, |q'| <= d ||q||_inf, applied to the real
+    trigonometric polynomials Re(e^{-i theta} u^* S v) along each axis in turn), plus the dropped tail's norm
+    (l1 mass of the kernel outside the support). Valid for every grid size; a baseline, evaluated in float64
+    without rounding margins."""
+    from lipcheck import gaussian
+    sig, mu = p.sigma, p.mu
+    R = int(math.ceil(float(sig.max()) * math.sqrt(2 * math.log(1 / tail)) + 1))
+    d = int(R + float(torch.round(mu).abs().max()))
+    n0 = max(2 * d + 2, min(oversample * (2 * d + 1), max_grid))  # cost: n0^2 symbol norms
+    k = torch.arange(-d, d + 1, dtype=F64)
+    w = 2 * math.pi * torch.arange(n0, dtype=F64) / n0
+    g = gaussian.kernel(k[:, None, None, None], mu, sig)  # (2d+1, h, M, 2)
+    ph = torch.exp(-1j * w[:, None] * k[None, :])  # (n0, 2d+1)
+    gy = torch.einsum("jk,khm->jhm", ph, g[..., 0].to(ph.dtype))
+    gx = torch.einsum("jk,khm->jhm", ph, g[..., 1].to(ph.dtype))
+    c = torch.einsum("hm,ahm,bhm->abh", p.alpha.to(gy.dtype), gy, gx).reshape(-1, p.num_heads)
+    sn = spectral.SymbolNorm(p)
+    grid = torch.stack(torch.meshgrid(w, w, indexing="ij"), -1).reshape(-1, 2)
+    m = spectral.certified_max_points(sn, c, grid, rtol=1e-9)
+    factor = 1 / (1 - math.pi * d / n0) ** 2
+    mass = (g[..., 0].sum(0) * g[..., 1].sum(0)).clamp(max=1)  # (h, M): kept mass of each component
+    tail_norm = float((sn.Pnorm * (p.alpha.abs() * (1 - mass)).sum(1)).sum())
+    return m.upper * factor + tail_norm
+
+
+def power_iteration(p, H: int, W: int, iters: int = 30, seed: int = 0) -> float:
+    """sqrt of the Rayleigh quotient of T^T T after `iters` power steps from a Gaussian start (an estimate, <= ||T||)."""
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.randn(1, H, W, p.dim, generator=gen, dtype=F64)
+    for _ in range(iters):
+        v = spectral.apply_T_adjoint(spectral.apply_T(v, p), p)
+        v = v / v.norm()
+    return float(spectral.apply_T(v, p).norm())
+
+
+def exact_norm(p, H: int, W: int, steps: int = 300) -> tuple[float, str]:
+    """Dense SVD where N C <= 4096, else Lanczos on T^T T with the fast operator (converged to ~1e-12 here)."""
+    if H * W * p.dim <= 4096:
+        return float(torch.linalg.matrix_norm(spectral.dense_operator(p, H, W), ord=2)), "dense SVD"
+    A = lambda v: spectral.apply_T_adjoint(spectral.apply_T(v, p), p)  # noqa: E731
+    v0 = torch.randn(1, H, W, p.dim, generator=torch.Generator().manual_seed(1), dtype=F64)
+    theta, v, k = spectral.lanczos(A, v0, steps)
+    return float(spectral.apply_T(v, p).norm() / v.norm()), f"Lanczos ({k} steps)"
+
+
+def exactness_table(widths=(48, 192, 384), grids=(14, 16, 32, 64), kernel_kinds=("init", "broad", "frozen"), seed: int = 0,
+                    progress: bool = True, deflate_max_grid: int = 32, deflation_k: int | None = None) -> list[dict]:
+    """One row per layer and grid: exact, lipcheck lower, the Toeplitz majorant, the deflated majorant (grids up to
+    deflate_max_grid), lipcheck's upper bound (the smallest certified one), the circulant embedding, the
+    input-size-independent zero-padding bound, power iteration: values, ratio to exact, seconds."""
+    rows = []
+    jobs = [(C, kk, n) for C in widths for kk in kernel_kinds for n in grids]
+    zp = {}
+    for C, kk, n in tqdm(jobs, desc="exactness", disable=not progress):
+        layer = exactness_layer(C, kk, seed)
+        p = spectral.ssog_params(layer)
+        if (C, kk) not in zp:  # input-size independent: one value per layer
+            t = time.perf_counter()
+            q = spectral.normalised(p)
+            zp[C, kk] = (zero_padding_bound(q) * 2.0 ** q.log2_scale, time.perf_counter() - t)
+        row = dict(C=C, heads=layer.num_heads, kernels=kk, grid=n)
+        row.update(measure_row(layer, p, n, seed, deflate_max_grid, deflation_k))
+        row["zero_padding"], row["zero_padding_seconds"] = zp[C, kk]
+        t = time.perf_counter()
+        row["power"] = power_iteration(p, n, n, seed=seed)
+        row["power_seconds"] = time.perf_counter() - t
+        rows.append(judge_row(row))
+    return rows
+
+
+def measure_row(layer, p, n: int, seed: int, deflate_max_grid: int, deflation_k) -> dict:
+    """The exact norm and every lipcheck bound of one layer on the n x n grid, each with its seconds."""
+    from lipcheck.bounds.deflation import deflated_bound
+    from lipcheck.bounds.majorant import toeplitz_majorant
+    row = {}
+    t = time.perf_counter()
+    row["exact"], row["exact_method"] = exact_norm(p, n, n)
+    row["exact_seconds"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # the lower bound: the symbol-guided Lanczos start on large grids, the random start below 1024 tokens
+    r = ssog_lipschitz(layer, n, n, resolution_free=False, majorant=False, probabilistic=n * n < 1024, seed=seed)
+    row["lower"], row["lower_seconds"] = r.lower, time.perf_counter() - t
+    t = time.perf_counter()
+    mb = toeplitz_majorant(p, n, n)
+    row["majorant"], row["majorant_seconds"] = mb.upper, time.perf_counter() - t
+    row["majorant_cells"], row["majorant_rounds"] = mb.cells, mb.rounds
+    row["deflated"] = row["deflated_seconds"] = None
+    if n <= deflate_max_grid:  # beyond 32 x 32 the k it needs makes the k C x k C checks too large (proofs/S2.md)
+        t = time.perf_counter()
+        db = deflated_bound(p, n, n, k=deflation_k)
+        row["deflated"], row["deflated_seconds"], row["deflated_k"] = db.upper, time.perf_counter() - t, db.k
+        row["deflated_theorem"] = db.info.get("upper_from", "majorant")  # D4, D3, or its envelope's own bound
+        row["deflated_envelope"] = db.info.get("envelope")  # gram (circulant Gram envelope) or majorant
+    t = time.perf_counter()
+    row["circulant"] = spectral.circulant_bound(p, n, n).upper
+    row["circulant_seconds"] = time.perf_counter() - t
+    return row
+
+
+def judge_row(row: dict) -> dict:
+    """lipcheck's upper bound (the smallest certified one in the row), every ratio to exact, and whether each
+    bound lies on its side of exact."""
+    # lipcheck's deterministic upper bound: the smallest of its certified bounds in the row (the deflated
+    # majorant on small grids, itself never above its envelope's own majorant value; the Toeplitz majorant, the
+    # circulant embedding); its seconds are those of the method that gave it plus the circulant's
+    cands = [(row["majorant"], row["majorant_seconds"])]
+    if row["deflated"] is not None:
+        cands.append((row["deflated"], row["deflated_seconds"]))
+    best, secs = min(cands)
+    row["upper"] = min(best, row["circulant"])
+    row["upper_seconds"] = secs + row["circulant_seconds"]
+    row["upper_method"] = ("circulant" if row["circulant"] <= best else
+                           "majorant" if best == row["majorant"] else "deflated")
+    for key in ("lower", "majorant", "deflated", "upper", "circulant", "zero_padding", "power"):
+        row[f"{key}_ratio"] = row[key] / row["exact"] if row[key] is not None else None
+    # an upper bound must be >= exact (up to the exact value's own accuracy), a lower one <= exact
+    tol = 1e-9
+    row["valid"] = dict(lower=row["lower"] <= row["exact"] * (1 + tol),
+                        majorant=row["majorant"] >= row["exact"] * (1 - tol),
+                        deflated=row["deflated"] is None or row["deflated"] >= row["exact"] * (1 - tol),
+                        upper=row["upper"] >= row["exact"] * (1 - tol),
+                        circulant=row["circulant"] >= row["exact"] * (1 - tol),
+                        zero_padding=row["zero_padding"] >= row["exact"] * (1 - tol),
+                        power=row["power"] <= row["exact"] * (1 + tol))
+    return row
 
 
 def add_arguments(ap) -> None:
@@ -79,72 +204,11 @@ def run(args, ap) -> int:
     kw.update({k: tuple(v) for k, v in (("grids", args.grids), ("widths", args.widths)) if v})
     rows = exactness_table(seed=args.seed, **kw)
     report.save_figure(figure(rows), "exactness_ratio", st, docs=args.docs)
-    table = []
-    for r in rows:
-        cells = [f"C={r['C']}, {r['heads']} heads, {r['kernels']}", f"{r['grid']}x{r['grid']}",
-                 f"{r['exact']:.6g} ({r['exact_method']}, {r['exact_seconds']:.1f} s)"]
-        for key, _ in METHODS:
-            if r[key] is None:
-                cells.append("not run")
-                continue
-            ok = "" if r["valid"][key] else " INVALID"
-            via = f" [{r['upper_method']}]" if key == "upper" and r.get("upper_method") else \
-                f" [{r['deflated_envelope']}, k={r['deflated_k']}]" if key == "deflated" and r.get("deflated_envelope") else ""
-            cells.append(f"{r[key]:.6g}{via} ({r[key + '_ratio'] - 1:+.2%}{ok}, {r[key + '_seconds']:.1f} s)")
-        table.append(cells)
-    ks = {}
-    for r in rows:
-        if r.get("deflated_k") is not None:
-            ks.setdefault(r["deflated_k"], []).append(f"C={r['C']} {r['grid']}x{r['grid']}")
-    th = {}
-    for r in rows:
-        if r.get("deflated_theorem") is not None:
-            th[r["deflated_theorem"]] = th.get(r["deflated_theorem"], 0) + 1
-    names = dict(majorant="the majorant's own envelope", envelope="the circulant Gram envelope alone")
-    theorems = ", ".join(f"{v} row(s) by {names.get(t, 'Theorem ' + t)}"
-                         for t, v in sorted(th.items())) or "not run"
-    k_text = "k = " + "; ".join(f"{k} at {', '.join(sorted(set(v)))}" for k, v in sorted(ks.items())) if ks else "k"
-    gaps = [r["majorant_ratio"] - 1 for r in rows]
-    ugaps = [r["upper_ratio"] - 1 for r in rows]
-    slow = [r for r in rows if r["upper_seconds"] > 60]
-    missed = [f"{r['C']} {r['kernels']} {r['grid']}x{r['grid']} ({r['upper_ratio'] - 1:+.2%})" for r in rows
-              if r["upper_ratio"] - 1 >= 0.01]
-    md = ["# Exactness: certified upper bounds beside the exact Lipschitz constant", "",
-          "Layers: C channels, 3 heads, 4 Gaussian components, float64; `init` is the default initialisation, "
-          "`broad` has shifted signed kernels (alpha ~ N(0, 1), mu ~ 3 N(0, 1), sigma ~ U[0.5, 6.5]), `frozen` "
-          "narrow mixed-sign kernels as in docs/lipschitz.md's presets (alpha ~ N(0, 1/16), |mu| <= 4, sigma "
-          "log-uniform in [0.25, 3]). Each cell: "
-          "value (excess over exact, seconds). `exact` is a dense SVD where N C <= 4096, else Lanczos on T^T T "
-          "with the fast operator (converged; it is itself a lower bound). Upper bounds: lipcheck's (the smallest of its "
-          "certified bounds in the row: the Toeplitz majorant, up to 32x32 also the deflated majorant, and the "
-          "circulant embedding; the method that gave it in brackets), the Toeplitz majorant "
-          "(lipcheck.bounds.majorant), the deflated bound (lipcheck.bounds.deflation, Theorem D4 of proofs/S2.md: "
-          "T^T T exactly on k token functions x C channels, an envelope on the complement: [gram] the circulant Gram "
-          "envelope, Lemmas G1-G2 (certified C x C norms where the symbol is large, a cheap certified bound "
-          "elsewhere), up to 32x32 and where Theorem D4's blocks fit, [majorant] the Toeplitz majorant's through "
-          "Lemma D2 elsewhere; " + k_text + "; not run at 64x64, where the N x N envelope's eigenvectors cost most; "
-          "never above its envelope's own bound, which it returns where that is smaller: " + theorems + "), all "
-          "certified with rounding margins (proofs/S2.md), "
-          "the (2H-1)x(2W-1) circulant embedding (certified), and an input-size-independent zero-padding bound in "
-          "the style of Delattre et al. (2024): the truncated kernel's symbol on a fixed DFT grid, a Bernstein "
-          "sampling factor and the tail (one value per layer, valid at every grid; a float64 baseline without "
-          "rounding margins). Lower estimates: lipcheck's certified lower bound and 30 steps of power iteration. "
-          "INVALID marks an upper value below exact or a lower value above it. Seconds of lipcheck upper: the "
-          "method that gave it plus the circulant embedding (which every row computes).", "",
-          report.md_table(["layer", "grid", "exact"] + [lab for _, lab in METHODS], table), "",
-          "![ratio to exact](figures/exactness_ratio.png)", "",
-          f"lipcheck's deterministic upper bound over exact: {min(ugaps):.2%} to {max(ugaps):.2%}; "
-          + ("under 1% on every row." if not missed else
-             f"NOT under 1% on {len(missed)} of {len(ugaps)} rows: {', '.join(missed)}.")
-          + f" The Toeplitz majorant alone: {min(gaps):.2%} to {max(gaps):.2%} (it keeps only ||S(w)||; the phases "
-          "of the symbol cost most for shifted signed kernels on small grids, where the deflated bound keeps them "
-          "on the top token functions).",
-          (f"lipcheck's upper bound took over 60 s on {len(slow)} row(s)." if slow
-           else "lipcheck's upper bound took under 60 s on every row."), ""]
+    md = exactness_report.markdown(rows)
     v = verdict(rows)
-    path = report.write_report("exactness", "\n".join(md), dict(rows=rows, quick=args.quick, seed=args.seed, **kw), st,
+    path = report.write_report("exactness", md, dict(rows=rows, quick=args.quick, seed=args.seed, **kw), st,
                                docs=args.docs, json_path=args.json, verdict=v)
-    print("\n".join(md))
+    print(md)
     report.print_verdict(v, path)
     return 0
 
