@@ -122,19 +122,19 @@ def edges_markdown(rows, two, lies) -> list[str]:
 
 def intro() -> list[str]:
     return ["# Certified Lipschitz bounds for SSoG (S1-S3)", "",
-          "All numbers in float64. `lower` is an actual ratio ||T v||/||v|| (Lanczos Ritz vector, fast operator); "
-          "`upper` is deterministic and certified: the minimum of the closed form, the resolution-free symbol sup, "
-          "the (2H-1)x(2W-1) block-circulant embedding, (when the dense matrix fits) Gram iteration, the Toeplitz "
-          "majorant and, in the presets table, the deflated bound (T^T T exactly on k token functions x C channels, "
-          "lipcheck.bounds.deflation; the complement bounded by the circulant Gram envelope, "
-          "lipcheck.bounds.gram_envelope, up to 32x32 where Theorem D4's blocks fit, else by the majorant's envelope; "
-          "proofs/S2.md). "
-          "`upper_prob` holds with probability >= 1 - 1e-6 over the random Lanczos start (Kuczynski-Wozniakowski), "
-          "the adaptive stopping included (union bound over the planned checks); every run draws a fresh seed, "
-          "recorded in the JSON (`seed`) so it can be replayed. Every bound carries rounding margins derived from "
-          "float64's unit roundoff (proofs/S2.md). "
-          "Proofs: `proofs/S1.md`, `proofs/S2.md`, `proofs/S3.md`.", "",
-          "## Benchmark (must-show 3): a layer of preset `s` (C=384, 6 heads, 4 components)", ""]
+            "All numbers in float64. `lower` is an actual ratio ||T v||/||v|| (Lanczos Ritz vector, fast operator); "
+            "`upper` is deterministic and certified: the minimum of the closed form, the resolution-free symbol sup, "
+            "the (2H-1)x(2W-1) block-circulant embedding, (when the dense matrix fits) Gram iteration, the Toeplitz "
+            "majorant and, in the presets table, the deflated bound (T^T T exactly on k token functions x C channels, "
+            "lipcheck.bounds.deflation; the complement bounded by the circulant Gram envelope, "
+            "lipcheck.bounds.gram_envelope, up to 32x32 where Theorem D4's blocks fit, else by the majorant's envelope; "
+            "proofs/S2.md). "
+            "`upper_prob` holds with probability >= 1 - 1e-6 over the random Lanczos start (Kuczynski-Wozniakowski), "
+            "the adaptive stopping included (union bound over the planned checks); every run draws a fresh seed, "
+            "recorded in the JSON (`seed`) so it can be replayed. Every bound carries rounding margins derived from "
+            "float64's unit roundoff (proofs/S2.md). "
+            "Proofs: `proofs/S1.md`, `proofs/S2.md`, `proofs/S3.md`.", "",
+            "## Benchmark (must-show 3): a layer of preset `s` (C=384, 6 heads, 4 components)", ""]
 
 
 def benchmark_section(bench: dict) -> list[str]:
@@ -155,28 +155,28 @@ def benchmark_section(bench: dict) -> list[str]:
 def presets_section(presets: list[dict]) -> list[str]:
     rows = [preset_row(d) for d in presets]
     return ["## Presets on a 14x14 grid", "",
-           report.md_table(["preset", "kernels", "C", "lower", "upper", "gap", "upper_prob", "Toeplitz majorant",
-                            "deflated bound", "circulant", "resolution-free", "closed form", "seconds"], rows), "",
-           "`random init`: the ViT initialisation (alpha = 1/M, so every head averages and the symbol peaks at w = 0). "
-           "`frozen`: fixed mixed-sign kernels (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma in [0.25, 3]). "
-           "`deflated bound` [envelope, k]: the envelope that bounded the complement (gram: the circulant Gram "
-           "envelope; majorant: the Toeplitz majorant's, beyond 32x32 or where Theorem D4's blocks exceed "
-           "GRAM_BUDGET) and the token functions handled exactly. "
-           "Where resolution-free equals the closed form it was not computed: the certified continuous sup (relative "
-           "tolerance 1e-2 here) needs hundreds of C x C SVDs for mixed-sign kernels and was run only for the "
-           "initialisation of ti (and s in the full run); the Szego section shows it at tolerance 1e-5 on a small layer.", ""]
+            report.md_table(["preset", "kernels", "C", "lower", "upper", "gap", "upper_prob", "Toeplitz majorant",
+                             "deflated bound", "circulant", "resolution-free", "closed form", "seconds"], rows), "",
+            "`random init`: the ViT initialisation (alpha = 1/M, so every head averages and the symbol peaks at w = 0). "
+            "`frozen`: fixed mixed-sign kernels (alpha ~ N(0, 1/M^2), |mu| <= 4, sigma in [0.25, 3]). "
+            "`deflated bound` [envelope, k]: the envelope that bounded the complement (gram: the circulant Gram "
+            "envelope; majorant: the Toeplitz majorant's, beyond 32x32 or where Theorem D4's blocks exceed "
+            "GRAM_BUDGET) and the token functions handled exactly. "
+            "Where resolution-free equals the closed form it was not computed: the certified continuous sup (relative "
+            "tolerance 1e-2 here) needs hundreds of C x C SVDs for mixed-sign kernels and was run only for the "
+            "initialisation of ti (and s in the full run); the Szego section shows it at tolerance 1e-5 on a small layer.", ""]
 
 
 def szego_section(sz_info: dict) -> list[str]:
     sz_rows = sz_info["rows"]
     return ["## Szego: grid bounds converge to the resolution-free bound", "",
-           "![szego](figures/lipschitz_szego.png)", "",
-           report.md_table(["n", "lower", "upper", "exact"], [[r["n"], f"{r['lower']:.8g}", f"{r['upper']:.8g}",
-                                                             "-" if r["exact"] is None else f"{r['exact']:.8g}"]
-                                                            for r in sz_rows]), "",
-           f"Resolution-free bound {sz_info['resolution_free']:.8g} (an actual symbol value {sz_info['symbol_sup_lower']:.8g}), "
-           f"closed form {sz_info['closed_form']:.6g}. ||T_n|| is nondecreasing in n and approaches the symbol sup.", "",
-           "## Vector field (S3): the global constant is vacuous, the local one is not", ""]
+            "![szego](figures/lipschitz_szego.png)", "",
+            report.md_table(["n", "lower", "upper", "exact"], [[r["n"], f"{r['lower']:.8g}", f"{r['upper']:.8g}",
+                                                              "-" if r["exact"] is None else f"{r['exact']:.8g}"]
+                                                             for r in sz_rows]), "",
+            f"Resolution-free bound {sz_info['resolution_free']:.8g} (an actual symbol value {sz_info['symbol_sup_lower']:.8g}), "
+            f"closed form {sz_info['closed_form']:.6g}. ||T_n|| is nondecreasing in n and approaches the symbol sup.", "",
+            "## Vector field (S3): the global constant is vacuous, the local one is not", ""]
 
 
 def vector_field_section(vf: list[dict]) -> list[str]:

@@ -158,13 +158,13 @@ def tightness_section(data, a) -> list[str]:
 def block_section(data, curves) -> list[str]:
     bb = data["block_bounds"]
     lines = ["## Pre-LN attention block and the dense Neural-ODE vector field", "",
-              "Same probe on x -> Attn(LN1 x) (the block's mixer branch; the discrete update adds the identity) "
-              "and on F(x) = Attn(LN1 x) + MLP(LN2 x) of the dense ODE ViT (`vit_from_preset('ti', 'ode', "
-              "'attention')`, ViT initialisation: LN gamma = 1, beta = 0, linear weights std 0.02, zero biases). "
-              "LayerNorm maps every token into the ball of radius sqrt(C) max|gamma| + ||beta|| = "
-              f"{bb['token_radius']:.4g}, so attention only sees a compact set and the constant saturates. "
-              "Starts include constant tokens (zero variance), where LayerNorm's Jacobian "
-              "gamma / sqrt(eps) (I - 11^T / C) is largest.", ""]
+             "Same probe on x -> Attn(LN1 x) (the block's mixer branch; the discrete update adds the identity) "
+             "and on F(x) = Attn(LN1 x) + MLP(LN2 x) of the dense ODE ViT (`vit_from_preset('ti', 'ode', "
+             "'attention')`, ViT initialisation: LN gamma = 1, beta = 0, linear weights std 0.02, zero biases). "
+             "LayerNorm maps every token into the ball of radius sqrt(C) max|gamma| + ||beta|| = "
+             f"{bb['token_radius']:.4g}, so attention only sees a compact set and the constant saturates. "
+             "Starts include constant tokens (zero variance), where LayerNorm's Jacobian "
+             "gamma / sqrt(eps) (I - 11^T / C) is largest.", ""]
     rows = []
     pl, vf = curves["pre_ln_block"], curves["vector_field"]
     for i, R in enumerate(pl.radii):
@@ -192,11 +192,11 @@ def block_section(data, curves) -> list[str]:
 def ssog_section(data) -> list[str]:
     H, W = data["grid"]
     return ["## SSoG", "",
-              f"SSoG at the same width (3 heads, 4 components, ViT initialisation), same {H}x{W} grid: exact "
-              f"Lipschitz constant **{data['ssog_exact']:.6g}** ({data['ssog_exact_method']}). SSoG with fixed kernels is affine in X, so this "
-              "one number is its constant at every radius: the flat line in the figure.", "",
-              "![attention growth](figures/attention_growth.png)", "",
-              "## Must-show 4: batched search vs a Python loop over restarts", ""]
+            f"SSoG at the same width (3 heads, 4 components, ViT initialisation), same {H}x{W} grid: exact "
+            f"Lipschitz constant **{data['ssog_exact']:.6g}** ({data['ssog_exact_method']}). SSoG with fixed kernels is affine in X, so this "
+            "one number is its constant at every radius: the flat line in the figure.", "",
+            "![attention growth](figures/attention_growth.png)", "",
+            "## Must-show 4: batched search vs a Python loop over restarts", ""]
 
 
 def benchmark_section(data) -> list[str]:

@@ -101,25 +101,25 @@ def markdown(data: dict, *, trained_here: bool, threads: int) -> str:
 
 def intro(results, cfg) -> list[str]:
     return ["# Trained models: the three verdicts", "",
-          "Every other report certifies models that lipcheck builds at random initialisation. Here the same "
-          "questions are asked of models `lipcheck train` trained on scikit-learn digits (8x8 grey, 4x4 token "
-          "grid, width 48, 3 heads, depth 4; seed 0), loaded back from their checkpoints with `lipcheck.load`, each "
-          "beside the same architecture at the run's own initial weights (\"init\": the seed rebuilds them). "
-          f"Images: the first {cfg['images']} of the digits test split, normalised as in training.", "",
-          report.md_table(["model", "epochs", "test acc", "training s (from the run's log)", "checkpoint"],
-                          [[name_of(a), a["epoch"], f"{100 * a['test_acc']:.1f}%" if a["test_acc"] is not None else "-",
-                            f"{a['train_wall_s']:.0f}" if a.get("train_wall_s") is not None else "-",
-                            f"`{Path(a['checkpoint']).parent.name}/checkpoint.pt`"] for a in results]), "",
-          "Short training (a few epochs on digits): the accuracies are those of a small budget, not converged models; "
-          "the point is what training does to the constants.", ""]
+            "Every other report certifies models that lipcheck builds at random initialisation. Here the same "
+            "questions are asked of models `lipcheck train` trained on scikit-learn digits (8x8 grey, 4x4 token "
+            "grid, width 48, 3 heads, depth 4; seed 0), loaded back from their checkpoints with `lipcheck.load`, each "
+            "beside the same architecture at the run's own initial weights (\"init\": the seed rebuilds them). "
+            f"Images: the first {cfg['images']} of the digits test split, normalised as in training.", "",
+            report.md_table(["model", "epochs", "test acc", "training s (from the run's log)", "checkpoint"],
+                            [[name_of(a), a["epoch"], f"{100 * a['test_acc']:.1f}%" if a["test_acc"] is not None else "-",
+                              f"{a['train_wall_s']:.0f}" if a.get("train_wall_s") is not None else "-",
+                              f"`{Path(a['checkpoint']).parent.name}/checkpoint.pt`"] for a in results]), "",
+            "Short training (a few epochs on digits): the accuracies are those of a small budget, not converged models; "
+            "the point is what training does to the constants.", ""]
 
 
 def s12_section(results) -> list[str]:
     md = ["## S1-S2: every SSoG layer, at the model's grid and 2x/4x it", "",
-           "`lipcheck.bounds.ssog_lipschitz` on each SSoG layer found in the model (`model.modules()`): certified lower "
-           "and upper bounds on the fixed-kernel layer's constant ||T||_2, the probabilistic upper bound (Lanczos "
-           "from a random start; fails with probability <= 1e-6), the relative gap, the resolution-free bound (every "
-           "grid) and the dense SVD where the grid is small.", ""]
+          "`lipcheck.bounds.ssog_lipschitz` on each SSoG layer found in the model (`model.modules()`): certified lower "
+          "and upper bounds on the fixed-kernel layer's constant ||T||_2, the probabilistic upper bound (Lanczos "
+          "from a random start; fails with probability <= 1e-6), the relative gap, the resolution-free bound (every "
+          "grid) and the dense SVD where the grid is small.", ""]
     for a in results:
         if not a["trained"]["certify"]["ssog"]:
             continue
@@ -140,12 +140,12 @@ def s12_section(results) -> list[str]:
 
 def s3_section(results) -> list[str]:
     md = ["## S3: block and vector-field constants", "",
-           "`lipcheck.bounds.vector_field_lipschitz` per pre-norm block: F(x) = Mixer(LN1 x) + MLP(LN2 x) globally "
-           "(LayerNorm's max|gamma|/sqrt(eps)) and locally at the states the test images visit (ODE: the trajectory "
-           "at 9 times; discrete: each block's inputs, and LN2's own inputs for its factor); for discrete blocks also "
-           "the residual block x -> x + Mixer(LN1 x) -> . + MLP(LN2 .). \"F lower\" is a certified lower bound: "
-           "||J_F(x) v|| evaluated at a visited state x (power iteration), so lower <= local must hold. Attention's "
-           "mixer constant is finite only because LN1 bounds its inputs (S4): it is the bound on that compact domain.", ""]
+          "`lipcheck.bounds.vector_field_lipschitz` per pre-norm block: F(x) = Mixer(LN1 x) + MLP(LN2 x) globally "
+          "(LayerNorm's max|gamma|/sqrt(eps)) and locally at the states the test images visit (ODE: the trajectory "
+          "at 9 times; discrete: each block's inputs, and LN2's own inputs for its factor); for discrete blocks also "
+          "the residual block x -> x + Mixer(LN1 x) -> . + MLP(LN2 .). \"F lower\" is a certified lower bound: "
+          "||J_F(x) v|| evaluated at a visited state x (power iteration), so lower <= local must hold. Attention's "
+          "mixer constant is finite only because LN1 bounds its inputs (S4): it is the bound on that compact domain.", ""]
     rows = []
     for a in results:
         for state in ("trained", "init"):
@@ -167,10 +167,10 @@ def s3_section(results) -> list[str]:
 
 def s4_section(results, cfg) -> list[str]:
     md = ["## S4: attention growth, trained against init", "",
-           f"`lipcheck.probe.attention_growth` on each dense-attention layer alone (\"mixer\") and on its pre-LN "
-           f"residual branch x -> Attn(LN1 x) (\"block\"), at the 4x4 grid, radii {', '.join(f'{r:g}' for r in cfg['radii'])}; "
-           f"{cfg['probe']['restarts']} restarts x {cfg['probe']['steps']} ascent steps per radius (cheap settings: "
-           "each value is a certified lower bound, attained at an actual input, and the true L(R) may be larger).", ""]
+          f"`lipcheck.probe.attention_growth` on each dense-attention layer alone (\"mixer\") and on its pre-LN "
+          f"residual branch x -> Attn(LN1 x) (\"block\"), at the 4x4 grid, radii {', '.join(f'{r:g}' for r in cfg['radii'])}; "
+          f"{cfg['probe']['restarts']} restarts x {cfg['probe']['steps']} ascent steps per radius (cheap settings: "
+          "each value is a certified lower bound, attained at an actual input, and the true L(R) may be larger).", ""]
     for a in results:
         if "probe" not in a["trained"]:
             continue
@@ -194,13 +194,13 @@ def s4_section(results, cfg) -> list[str]:
 
 def s5_section(results, cfg) -> list[str]:
     md = ["## S5: well-posedness of the trained ODE models", "",
-           "`lipcheck.wellposed.tolerance_sweep` (methods " + ", ".join(cfg["methods"]) + ", rtol = atol in "
-           + ", ".join(f"{t:g}" for t in cfg["tolerances"]) + "; rk4 at " + ", ".join(map(str, cfg["rk4_steps"]))
-           + " steps; errors against a converged fixed-step dopri8 reference), `perturbation_growth` (random and "
-           "power-iteration worst directions against the Gronwall envelope exp(L t), L local along the trajectories "
-           "and global) and `aposteriori_certificate` (dopri5 at tol 1e-3: the bound from the solve's own defect "
-           "against its actual error). The certificate is not interval-rigorous between samples; the proof is the "
-           "enclosure below.", ""]
+          "`lipcheck.wellposed.tolerance_sweep` (methods " + ", ".join(cfg["methods"]) + ", rtol = atol in "
+          + ", ".join(f"{t:g}" for t in cfg["tolerances"]) + "; rk4 at " + ", ".join(map(str, cfg["rk4_steps"]))
+          + " steps; errors against a converged fixed-step dopri8 reference), `perturbation_growth` (random and "
+          "power-iteration worst directions against the Gronwall envelope exp(L t), L local along the trajectories "
+          "and global) and `aposteriori_certificate` (dopri5 at tol 1e-3: the bound from the solve's own defect "
+          "against its actual error). The certificate is not interval-rigorous between samples; the proof is the "
+          "enclosure below.", ""]
     return md + s5_table(results) + s5_findings(results, cfg)
 
 
@@ -254,9 +254,9 @@ def s5_findings(results, cfg) -> list[str]:
 
 def enclosure_section(results) -> list[str]:
     md = ["### The proof: enclosures of every image's true trajectory", "",
-           "`lipcheck.wellposed.enclose` per image (dopri5 at tol " f"{verdicts.ENCLOSE_TOL:g}" ", its reference solve "
-           "enclosed at tol * 1e-3; proofs/S5.md), the radius at t1 beside the actual error against an independent "
-           "fixed-step dopri8 solve converged to 1e-13. This is what `lipcheck wellposed --checkpoint RUN` runs.", ""]
+          "`lipcheck.wellposed.enclose` per image (dopri5 at tol " f"{verdicts.ENCLOSE_TOL:g}" ", its reference solve "
+          "enclosed at tol * 1e-3; proofs/S5.md), the radius at t1 beside the actual error against an independent "
+          "fixed-step dopri8 solve converged to 1e-13. This is what `lipcheck wellposed --checkpoint RUN` runs.", ""]
     for a in results:
         for state in ("trained", "init"):
             if "enclosure" in a.get(state, {}):
@@ -269,40 +269,40 @@ def enclosure_section(results) -> list[str]:
 
 def own_model_section() -> list[str]:
     return ["## Your own model", "",
-           "`lipcheck.load(path)` returns the model of any `lipcheck train` checkpoint with its configuration and data "
-           "description; `lipcheck.verdicts` runs the same analyses on any nn.Module: `certify_ssog(model, grids)` finds "
-           "every lipcheck SSoG layer inside it, `block_constants(model, images)` every pre-norm block with a lipcheck "
-           "mixer, `jacobian_lower_bound(module, states)` certifies lower bounds for any module mapping (B, H, W, C) to "
-           "(B, H, W, C), and `lipcheck.probe.attention_growth` probes any such module. A timm-style attention (tokens "
-           "(B, N, C)) needs a few lines (tests/test_checkpoint.py checks that it probes exactly like `DenseAttention` "
-           "with copied weights):", "",
-           "```python",
-           "class Grid(torch.nn.Module):              # (B, H, W, C) -> (B, H, W, C) around a (B, N, C) module",
-           "    def __init__(self, inner, dim):",
-           "        super().__init__(); self.inner, self.dim = inner, dim",
-           "    def forward(self, x):",
-           "        B, H, W, C = x.shape",
-           "        return self.inner(x.reshape(B, H * W, C)).reshape(B, H, W, C)",
-           "",
-           "growth = lipcheck.probe.attention_growth(Grid(timm_block.attn, 192), radii=[1, 16, 256], grid=(14, 14))",
-           "```", "",
-           "Certified upper bounds need the structure (SSoG's operator, LayerNorm, the MLP's weights): for a foreign "
-           "block only lower bounds are available.", ""]
+            "`lipcheck.load(path)` returns the model of any `lipcheck train` checkpoint with its configuration and data "
+            "description; `lipcheck.verdicts` runs the same analyses on any nn.Module: `certify_ssog(model, grids)` finds "
+            "every lipcheck SSoG layer inside it, `block_constants(model, images)` every pre-norm block with a lipcheck "
+            "mixer, `jacobian_lower_bound(module, states)` certifies lower bounds for any module mapping (B, H, W, C) to "
+            "(B, H, W, C), and `lipcheck.probe.attention_growth` probes any such module. A timm-style attention (tokens "
+            "(B, N, C)) needs a few lines (tests/test_checkpoint.py checks that it probes exactly like `DenseAttention` "
+            "with copied weights):", "",
+            "```python",
+            "class Grid(torch.nn.Module):              # (B, H, W, C) -> (B, H, W, C) around a (B, N, C) module",
+            "    def __init__(self, inner, dim):",
+            "        super().__init__(); self.inner, self.dim = inner, dim",
+            "    def forward(self, x):",
+            "        B, H, W, C = x.shape",
+            "        return self.inner(x.reshape(B, H * W, C)).reshape(B, H, W, C)",
+            "",
+            "growth = lipcheck.probe.attention_growth(Grid(timm_block.attn, 192), radii=[1, 16, 256], grid=(14, 14))",
+            "```", "",
+            "Certified upper bounds need the structure (SSoG's operator, LayerNorm, the MLP's weights): for a foreign "
+            "block only lower bounds are available.", ""]
 
 
 def regenerate_section(mode, elapsed, trained_here, threads) -> list[str]:
     return ["## Figures", "", "![SSoG constants, trained vs init](figures/trained_ssog.png)", "",
-           "![attention growth, trained vs init](figures/trained_attention.png)", "",
-           "![tolerance sweeps and certificates](figures/trained_wellposed.png)", "",
-           "## Regenerate", "", "```",
-           "python experiments/trained.py            # trains the four digits models into runs/trained/ if absent",
-           "python experiments/trained.py --checkpoint runs/a --checkpoint runs/b   # any `lipcheck train` checkpoints",
-           "lipcheck certify --checkpoint runs/trained/discrete-ssog      # one model, one verdict",
-           "lipcheck probe --checkpoint runs/trained/discrete-attention",
-           "lipcheck wellposed --checkpoint runs/trained/ode-ssog", "```", "",
-           f"Settings: `{mode}`. Whole command: {elapsed / 60:.1f} min" +
-           (" including training" if trained_here else " (checkpoints already trained)") +
-           f", {threads} CPU thread(s).", ""]
+            "![attention growth, trained vs init](figures/trained_attention.png)", "",
+            "![tolerance sweeps and certificates](figures/trained_wellposed.png)", "",
+            "## Regenerate", "", "```",
+            "python experiments/trained.py            # trains the four digits models into runs/trained/ if absent",
+            "python experiments/trained.py --checkpoint runs/a --checkpoint runs/b   # any `lipcheck train` checkpoints",
+            "lipcheck certify --checkpoint runs/trained/discrete-ssog      # one model, one verdict",
+            "lipcheck probe --checkpoint runs/trained/discrete-attention",
+            "lipcheck wellposed --checkpoint runs/trained/ode-ssog", "```", "",
+            f"Settings: `{mode}`. Whole command: {elapsed / 60:.1f} min" +
+            (" including training" if trained_here else " (checkpoints already trained)") +
+            f", {threads} CPU thread(s).", ""]
 
 
 def figures(data: dict) -> list:

@@ -352,13 +352,13 @@ def markdown(data) -> str:
 
 def intro(s) -> list[str]:
     return ["# Picard-Lindelof on the Neural-ODE ViT (S5)", "",
-           f"Preset `{s['preset']}`{' (quick)' if s['quick'] else ''}: {s['batch']} random images, random init with "
-           f"every Linear of the block N(0, {s['gain']}^2/fan_in), t1 = {s['t1']}, float64. Errors are per sample, "
-           "relative Frobenius norm of the final (H, W, C) state against the reference, and the table shows the "
-           "worst sample. Adaptive runs use a per-sample error norm (the worst sample's RMS) and end their last step on t1. "
-           "Accepted and rejected steps are counted exactly through torchdiffeq's step callbacks "
-           "(`callback_accept_step` / `callback_reject_step`); fixed-step runs accept every step by construction. "
-           "NFE counts every evaluation of F, including the initial-step selection.", ""]
+            f"Preset `{s['preset']}`{' (quick)' if s['quick'] else ''}: {s['batch']} random images, random init with "
+            f"every Linear of the block N(0, {s['gain']}^2/fan_in), t1 = {s['t1']}, float64. Errors are per sample, "
+            "relative Frobenius norm of the final (H, W, C) state against the reference, and the table shows the "
+            "worst sample. Adaptive runs use a per-sample error norm (the worst sample's RMS) and end their last step on t1. "
+            "Accepted and rejected steps are counted exactly through torchdiffeq's step callbacks "
+            "(`callback_accept_step` / `callback_reject_step`); fixed-step runs accept every step by construction. "
+            "NFE counts every evaluation of F, including the initial-step selection.", ""]
 
 
 def sweep_section(name, sw) -> list[str]:
