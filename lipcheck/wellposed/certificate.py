@@ -2,14 +2,9 @@
 (kept for comparison: its defect is only sampled and L is a norm bound; `enclosure.enclose` is the proof)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
-import time
-from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from ..models.ode import FIXED_STEP
 from .gronwall import auto_grid, segment_variance_floor, token_speed_bound, vector_field_constants
@@ -45,6 +40,32 @@ def _upper_sum(delta: torch.Tensor, grid: torch.Tensor, L: float) -> torch.Tenso
     return bound
 
 
+def _step_derivatives(steps, grid: torch.Tensor, y: torch.Tensor):
+    """From the samples y (G, B, ...) on grid, per solver step: the fitted quartic's derivative at the samples,
+    coefficient-sum sups of ||y'|| and ||y''|| per sample interval (n, B), the largest token's drift per interval
+    (n,) and the fit's round-off in y' per sample (G,)."""
+    fk = dict(dtype=y.dtype, device=y.device)
+    n, B = len(grid) - 1, y.shape[1]
+    dy = torch.empty_like(y)
+    sup_d1, sup_d2 = torch.zeros(n, B, **fk), torch.zeros(n, B, **fk)
+    drift_y = torch.zeros(n, **fk)
+    slope_err = torch.zeros(len(grid), **fk)
+    for a, b in steps:
+        i0 = int(torch.searchsorted(grid, torch.tensor(a, **fk)))
+        i1 = int(torch.searchsorted(grid, torch.tensor(b, **fk)))
+        xs = (grid[i0:i1 + 1] - a) / (b - a)
+        coef, serr = _quartic_fit(xs, y[i0:i1 + 1])
+        h = b - a
+        slope_err[i0:i1 + 1] = torch.maximum(slope_err[i0:i1 + 1], torch.tensor(serr / h, **fk))
+        dy[i0:i1 + 1] = sum(k * coef[k] * xs.reshape(-1, *[1] * (y.dim() - 1)) ** (k - 1) for k in range(1, 5)) / h
+        cn = [sample_norm(coef[k]) for k in range(5)]  # (B,)
+        sup_d1[i0:i1] = sum(k * cn[k] for k in range(1, 5)) / h
+        sup_d2[i0:i1] = sum(k * (k - 1) * cn[k] for k in range(2, 5)) / h ** 2
+        tok = [coef[k].norm(dim=-1) for k in range(5)]  # per token: sup ||y_i'|| <= sum_k k ||c_k,i|| / h
+        drift_y[i0:i1] = float(sum(k * tok[k] for k in range(1, 5)).max()) / h * (grid[i0 + 1:i1 + 1] - grid[i0:i1])
+    return dy, sup_d1, sup_d2, drift_y, slope_err
+
+
 def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float = 1e-3, per_step: int | None = None,
                             reference_rtol: float = 1e-11, input_scale: float = 1.0, safety: float = 2.0,
                             lipschitz: float | None = None, device=None, dtype=torch.float64) -> dict:
@@ -71,7 +92,6 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
     if per_step is not None and (per_step < 4 or per_step % 2):
         raise ValueError(f"per_step must be an even number >= 4 (a quartic needs 5 points per step), got {per_step}")
     block, x0, t1 = prepare(model, images, input_scale=input_scale, device=device, dtype=dtype)
-    B = x0.shape[0]
     fk = dict(dtype=dtype, device=x0.device)
     with torch.no_grad():
         _, field = solve(block, x0, torch.tensor([0.0, t1], **fk), method, tol=tol)
@@ -88,24 +108,7 @@ def aposteriori_certificate(model, images, *, method: str = "dopri5", tol: float
         start = 2 ** math.ceil(math.log2(max(len(grid) - 1, 8)))  # steps land on the grid anyway
         ref = reference_solution(block, x0, t1, t=grid, rel_tol=reference_rtol, start_steps=start)
     speed = token_speed_bound(block, device=x0.device)
-    n = len(grid) - 1
-    dy = torch.empty_like(y)
-    sup_d1, sup_d2 = torch.zeros(n, B, **fk), torch.zeros(n, B, **fk)
-    drift_y = torch.zeros(n, **fk)
-    slope_err = torch.zeros(len(grid), **fk)
-    for a, b in steps:
-        i0 = int(torch.searchsorted(grid, torch.tensor(a, **fk)))
-        i1 = int(torch.searchsorted(grid, torch.tensor(b, **fk)))
-        xs = (grid[i0:i1 + 1] - a) / (b - a)
-        coef, serr = _quartic_fit(xs, y[i0:i1 + 1])
-        h = b - a
-        slope_err[i0:i1 + 1] = torch.maximum(slope_err[i0:i1 + 1], torch.tensor(serr / h, **fk))
-        dy[i0:i1 + 1] = sum(k * coef[k] * xs.reshape(-1, *[1] * (y.dim() - 1)) ** (k - 1) for k in range(1, 5)) / h
-        cn = [sample_norm(coef[k]) for k in range(5)]  # (B,)
-        sup_d1[i0:i1] = sum(k * cn[k] for k in range(1, 5)) / h
-        sup_d2[i0:i1] = sum(k * (k - 1) * cn[k] for k in range(2, 5)) / h ** 2
-        tok = [coef[k].norm(dim=-1) for k in range(5)]  # per token: sup ||y_i'|| <= sum_k k ||c_k,i|| / h
-        drift_y[i0:i1] = float(sum(k * tok[k] for k in range(1, 5)).max()) / h * (grid[i0 + 1:i1 + 1] - grid[i0:i1])
+    dy, sup_d1, sup_d2, drift_y, slope_err = _step_derivatives(steps, grid, y)
     tau = grid[1:] - grid[:-1]
     # ||delta|| plus the fit's round-off in y' (per entry, times sqrt(entries) for the sample norm)
     delta = sample_norm(dy - F_y) + slope_err[:, None] * math.sqrt(x0[0].numel())  # (G, B)

@@ -7,18 +7,13 @@ segment [x, y] (mean value theorem), at every t, not only at sampled t. `segment
 lower bound on the token variance over all those points: per token, std is a seminorm / sqrt(C), so
 std(y + s (x - y)) >= (std x + std y - std(x - y)) / 2 for s in [0, 1]; between sampled times each token
 moves at most (speed bound) * dt, with the speed bound from the weights (`token_speed_bound`).
-The log-norm envelope exp(int mu) (sharper) is `lipcheck.wellposed.enclosure.lognorm_envelope`.
+The log-norm envelope exp(int mu) (sharper) is `lipcheck.wellposed.lognorm_envelope` (`envelope`).
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
-import time
-from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from ..mixers.attention import DenseAttention
 from ..mixers.ssog import SSoG
