@@ -18,7 +18,7 @@ from lipcheck.bounds import spectral, ssog_lipschitz, vector_field_lipschitz
 from lipcheck.models.ode import integrate
 from lipcheck.models.vit import PRESETS
 from lipcheck.reports import certify as certify_report
-from lipcheck.reports.certify import edges_markdown, exactness_markdown, mutation_markdown  # noqa: F401
+from lipcheck.reports.certify import edges_markdown, exactness_markdown, mutation_markdown  # noqa: F401 (kept here)
 from lipcheck.threads import limited
 
 from .common import add_checkpoint_arguments, add_output_arguments, parse, positive_int, set_threads

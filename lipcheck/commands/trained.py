@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch
 
 from lipcheck import checkpoint as C
