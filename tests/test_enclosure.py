@@ -1941,3 +1941,20 @@ def test_a_failed_tube_check_says_where_the_bound_first_left_the_tube():
     for r in enc.reason:
         m = re.search(r"first above it at t=([0-9.e-]+); interval ending t=([0-9.e-]+), step 0", r)
         assert m and 0 <= float(m.group(1)) <= float(m.group(2)), r
+
+
+def test_direct_options_are_frozen_and_the_log_norm_grid_follows_mu_slack():
+    """DirectOptions is a frozen record (the defaults of enclose_field); lognorm_grid takes P = 2^ceil(log2(M2 *
+    speed * h / (2 mu_slack))) log-norm intervals of the step's m sub-intervals, at most m, all of them without a
+    finite curvature bound."""
+    from lipcheck.wellposed import direct, options
+    opts = options.DirectOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.tol = 1e-6
+    assert (opts.method, opts.tol, opts.defect_ratio, opts.mu_slack, opts.max_per_step) == ("dopri5", 1e-3, 0.25,
+                                                                                           0.25, 1024)
+    inf = dict(speed=torch.tensor([1.0, 0.5], dtype=D), h=0.5)
+    assert direct.lognorm_grid(dict(m=16, M2=3.0), inf, 0.25) == [0, 4, 8, 12, 16]  # 3 * 0.5 / 0.5 = 3 -> P = 4
+    assert direct.lognorm_grid(dict(m=16, M2=0.0), inf, 0.25) == [0, 16]
+    assert direct.lognorm_grid(dict(m=8, M2=1e9), inf, 0.25) == list(range(9))
+    assert direct.lognorm_grid(dict(m=8, M2=math.inf), inf, 0.25) == list(range(9))
