@@ -10,7 +10,6 @@ with one line naming the fix and exit status 2, before anything is written.
 """
 from __future__ import annotations
 
-import copy
 import math
 import sys
 import time
@@ -19,18 +18,16 @@ from pathlib import Path
 import torch
 
 from lipcheck import checkpoint as C
-from lipcheck import report, verdicts, wellposed
+from lipcheck import report, verdicts
 from lipcheck import train as T
-from lipcheck.mixers.attention import DenseAttention
 from lipcheck.reports import trained as trained_report
 from lipcheck.reports.trained import (blocks_table, certificate_line, enclosure_table, probe_table,
                                       ssog_table, sweep_table)
 
 from . import common
 from .common import fail, set_threads
+from .trained_analyses import certify, probe, well_posed
 
-F64 = torch.float64
-GRID_MULTIPLES = (1, 2, 4)  # the model's own token grid and 2x, 4x that grid
 SETTINGS = {
     "quick": dict(images=2, tolerances=(1e-2, 1e-4, 1e-6, 1e-8), rk4_steps=(4, 8, 16, 32),
                   methods=("dopri5", "bosh3", "rk4"), growth_grid=16, power_iters=2, power_steps=8, cert_tol=1e-3,
@@ -43,70 +40,6 @@ SETTINGS = {
                  probe=dict(restarts=6, steps=12, certify_steps=30, certify_top=1)),
 }
 BAD_INPUT = (FileNotFoundError, C.CheckpointError, ValueError)
-
-
-# ------------------------------------------------------------------------------------------ analyses
-def grids_of(ckpt_or_model) -> list[tuple[int, int]]:
-    H, W = verdicts.model_grid(ckpt_or_model)
-    return [(k * H, k * W) for k in GRID_MULTIPLES]
-
-
-def certify(model, images, *, progress: bool = False) -> dict:
-    """S1-S3 on one model: every SSoG layer at the model's grid and 2x/4x it, and the block / vector-field
-    constants at the states `images` visit."""
-    rows = verdicts.certify_ssog(model, grids_of(model), progress=progress) if verdicts.ssog_layers(model) else []
-    return {"ssog": rows, "blocks": verdicts.block_constants(model, images)}
-
-
-def certificate(model, images, *, tol: float, per_step=None) -> dict:
-    """S5's certificate for one solve, summarised. The one line to change for the proven enclosure:
-    `res = wellposed.enclose(model, images, tol=tol)`; `summarise_certificate` reads either result."""
-    res = wellposed.aposteriori_certificate(model, images, tol=tol, per_step=per_step)
-    return summarise_certificate(res)
-
-
-def summarise_certificate(res) -> dict:
-    if hasattr(res, "proven"):  # lipcheck.wellposed.enclose: a proven enclosure per sample
-        radius = torch.as_tensor(res.radius)
-        return {"kind": "enclosure", "proven": [bool(p) for p in torch.as_tensor(res.proven).tolist()],
-                "radius_t1": radius[-1].tolist(), "reason": res.reason, "t": torch.as_tensor(res.t).tolist()}
-    finite = all(math.isfinite(b) for row in res["bound"] for b in row)
-    status = "vacuous" if not finite else ("holds" if res["violations"] == 0 else "violated")
-    return {"kind": "a-posteriori", "tol": res["tol"], "nfe": res["nfe"], "L": res["L"], "L_global": res["L_global"],
-            "bound_t1": res["bound_t1"], "actual_t1": res["actual_t1"], "violations": res["violations"],
-            "min_ratio": res["min_ratio"], "max_ratio": res["max_ratio"], "max_delta": res["max_delta"],
-            "proven": None, "status": status,
-            "bound_holds": status == "holds",
-            "reason": "not a proof: a bound from the solve's own defect (quadrature with a safety margin, not "
-                      "interval-rigorous between samples), checked against a converged reference",
-            "t": res["t"], "bound": res["bound"],
-            "actual": res["actual"]}
-
-
-def well_posed(model, images, cfg: dict, *, progress: bool = False) -> dict:
-    """S5 on one ODE model: tolerance sweep against a converged reference, perturbation growth against the
-    Gronwall envelope, and the certificate."""
-    if getattr(model, "variant", None) != "ode":
-        raise ValueError(f"wellposed needs an ODE model; this one is {getattr(model, 'variant', '?')!r}: "
-                         f"train one with `lipcheck train --variant ode`")
-    model = copy.deepcopy(model)
-    for m in model.modules():  # SDPA has no double backward on CPU (worst direction); the explicit softmax is the same map
-        if isinstance(m, DenseAttention):
-            m.backend = "math"
-    sw = wellposed.tolerance_sweep(model, images, cfg["methods"], cfg["tolerances"], rk4_steps=cfg["rk4_steps"],
-                                   progress=progress)
-    growth = wellposed.perturbation_growth(model, images, grid=cfg["growth_grid"], power_iters=cfg["power_iters"],
-                                           power_steps=cfg["power_steps"])
-    cert = certificate(model, images, tol=cfg["cert_tol"], per_step=cfg["cert_per_step"])
-    g = {k: growth[k] for k in ("eps", "grid", "L_local", "L_global", "min_variance", "violations")}
-    g["max_growth"] = {d: v["max_growth"] for d, v in growth["directions"].items()}
-    g["max_rate"] = {d: v["max_rate"] for d, v in growth["directions"].items()}
-    g["t"], g["growth"] = growth["t"], {d: v["growth"] for d, v in growth["directions"].items()}
-    return {"sweep": sw.summary(), "growth": g, "certificate": cert}
-
-
-def probe(model, cfg: dict, grid=None) -> list[dict]:
-    return verdicts.attention_curves(model, cfg["radii"], grid, **cfg["probe"])
 
 
 def enclosure_verdict(rows: list[dict], mixer: str) -> tuple[str, str]:
