@@ -20,6 +20,7 @@ import torch
 from lipcheck import report, wellposed
 from lipcheck.models.vit import PRESETS
 from lipcheck.reports import wellposed as wellposed_report
+from lipcheck.reports import wellposed_enclosure
 
 from .common import (add_checkpoint_arguments, add_output_arguments, not_with_checkpoint, parse, positive_int,
                      set_threads)
@@ -122,8 +123,8 @@ def run_enclosure_only(args) -> tuple[str, dict, list]:
     H, W, C = x0.shape[1:]
     data = {"settings": {"preset": args.preset, "grid": f"{H}x{W} tokens, C = {C}, n = {H * W * C}",
                          "threads": args.threads, "seed": args.seed, **cfg}, "enclosure": [e]}
-    md = wellposed_report.enclosure_only_markdown(data, t1=t1, shape=(H, W, C))
-    return md, data, wellposed_report.enclosure_only_figures(data)
+    md = wellposed_enclosure.enclosure_only_markdown(data, t1=t1, shape=(H, W, C))
+    return md, data, wellposed_enclosure.enclosure_only_figures(data)
 
 
 def add_arguments(p) -> None:
