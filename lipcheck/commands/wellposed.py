@@ -26,6 +26,7 @@ from .common import (add_checkpoint_arguments, add_output_arguments, not_with_ch
                      set_threads)
 from .wellposed_phases import (D, build_models, certificate_phase, constants_row, contrast_phase, enclosure_phase,
                                gradient_phase, gronwall_phase, must_show, sweep_phase, time_major, timed)
+
 SETTINGS = {
     "full": dict(batch=4, tolerances=wellposed.TOLERANCES, rk4_steps=wellposed.RK4_STEPS, grid=None, power_iters=6,
                  power_steps=32,
