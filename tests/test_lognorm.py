@@ -303,19 +303,33 @@ def test_token_jacobians_of_layernorms_without_affine():
 
 
 def test_dense_jacobian_rounding_bound_is_lemma_four():
-    """err = 4 gamma_{C+64} (|| |T| ||_2 ||blockdiag D1||_F + ||blockdiag D2||_F), the per-token blocks taken by
-    autograd here (proofs/S5.md, Lemma 3's forming error)."""
+    """err = 4 gamma_{C+64} || |T| ||_2 ||blockdiag D1||_F + ||(e_i)_i||_2 with, per token, the MLP's forming error
+    e_i = 4 gamma_{hidden+2C+16} || |W2| ||_2 sup|GELU'| || |W1| ||_2 (max|gamma_2| / sd_i) (sqrt(C) + 2): sums of length
+    hidden and C, not C + 64 (proofs/S5.md, Lemma 3's forming error). D1's blocks taken by autograd, the absolute
+    weights' norms by numpy's SVD, GELU' at its maximiser sqrt(2), all here."""
     blk = _block(seed=10)
     H, W, C = 2, 1, 4
     y = torch.randn(2, H, W, C, generator=torch.Generator().manual_seed(11), dtype=D)
     dense = ln.DenseLogNorm(blk, H, W)
     _, err = dense.jacobian(y)
-    g = (C + 64) * 2.0 ** -53 / (1 - (C + 64) * 2.0 ** -53)
+    u = 2.0 ** -53
+
+    def gam(k):
+        return k * u / (1 - k * u)
+
+    hidden = blk.mlp.fc1.weight.shape[0]
+    gelu_sup = 0.5 * (1 + math.erf(1.0)) + math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)  # GELU'(sqrt 2)
+    mlp_abs = (np.linalg.norm(blk.mlp.fc2.weight.detach().abs().double().numpy(), 2) * gelu_sup
+               * np.linalg.norm(blk.mlp.fc1.weight.detach().abs().double().numpy(), 2))
+    g2 = float(blk.norm2.weight.detach().abs().max())
     for b in range(2):
         toks = y[b].reshape(-1, C)
         f1 = math.sqrt(sum(float(torch.func.jacfwd(blk.norm1)(t).square().sum()) for t in toks))
-        f2 = math.sqrt(sum(float(torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t).square().sum()) for t in toks))
-        assert float(err[b]) == pytest.approx(4 * g * (dense.T_abs_norm * f1 + f2), rel=1e-10, abs=0)
+        e = [4 * gam(hidden + 2 * C + 16) * mlp_abs * g2 / math.sqrt(float(t.var(unbiased=False)) + blk.norm2.eps)
+             * (math.sqrt(C) + 2) for t in toks]
+        want = 4 * gam(C + 64) * dense.T_abs_norm * f1 + math.sqrt(sum(x * x for x in e))
+        assert float(err[b]) == pytest.approx(want, rel=1e-9, abs=0)
+        assert float(err[b]) >= want * (1 - 1e-9)
 
 
 def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
