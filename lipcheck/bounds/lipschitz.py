@@ -1,9 +1,12 @@
-"""The certification entry point for Lip(SSoG) = ||T||_2 (SPEC S1, S2): `ssog_lipschitz` and its options.
+"""The certification entry point for Lip(SSoG) = ||T||_2 (SPEC S1, S2): `ssog_lipschitz`, a table of bound methods.
 
 It reads the primitives of `spectral` (parameters, fast operator, Lanczos, circulant embedding, symbol sup, Gram
-iteration) and runs the methods above them that the size rule (`plan`) picks: the deflated bound (`deflation`,
-its complement by `gram_envelope`) and the Toeplitz majorant (`majorant`). Data flows one way: spectral <- majorant,
-gram_envelope, deflation <- this module.
+iteration) and runs the methods above them that the size rule (`options.plan`) picks: the deflated bound
+(`deflation`, its complement by `gram_envelope`) and the Toeplitz majorant (`majorant`). METHODS maps each stage's
+name to a function of the run (normalised parameters, options, plan, what the stages before found) that returns its
+certified value and description; the entry point runs them in order, keeps the smallest certified upper bound, adds
+the Lanczos lower bound and the probabilistic upper bound, and assembles the SSoGBound. Data flows one way:
+spectral <- majorant, gram_envelope, deflation <- options <- this module.
 """
 from __future__ import annotations
 
@@ -11,168 +14,17 @@ import dataclasses
 import math
 import secrets
 import time
+from typing import Callable
 
 import torch
 
 from ..rounding import norm2_upper
 from . import spectral as sp
-from .deflation import deflated_bound, planned_k
-from .gram_envelope import ENVELOPE_BUDGET, affordable
+from .deflation import deflated_bound
+from .gram_envelope import ENVELOPE_BUDGET
 from .majorant import toeplitz_majorant
-
-# the resolution-free branch and bound's rounds cost about (anchors per round) C^3 each; the default caps them at this
-# much work times budget_s / 60 s (200 rounds below C = 384; some 11 rounds, 20-40 s, at C = 768, where 200 rounds
-# took many minutes); any stopping point is certified, only looser
-RF_WORK = 2e10
-# and caps the anchor bounds it evaluates (cells x 5 points x anchors x heads, over all rounds) at this count times
-# budget_s / 60 s: at 8 heads, C = 128 its rounds grew to 9 s each by the fourth (one busy core), 200 would take hours
-RF_PAIRS = 5e6
-
-# The time budget the size rule's constants were sized for, on 2 cores: deflation.planned_k's k C near 4608 and
-# GRAM_BUDGET, gram_envelope.ENVELOPE_BUDGET (measured: the deflated bound 5-35 s up to 32 x 32 at C <= 384)
-DEFAULT_BUDGET_S = 60.0
-
-
-@dataclasses.dataclass(frozen=True)
-class CertifyOptions:
-    """How `ssog_lipschitz` certifies. The defaults give the tightest certified bound that fits budget_s.
-
-    budget_s: seconds (on 2 cores) the size rule plans for. It is converted into units of work from the sizes alone
-    (`plan`), never read from a clock, so the same call gives the same bound on a busy and on a quiet machine.
-    deadline_s: optional wall-clock limit; past it, optional stages are skipped or stopped early at a certified point,
-    and the result lists them (SSoGBound.cut_short, budget['cut']).
-    deflated / majorant: None lets the size rule decide; True / False force the stage on or off.
-    deflation_k: token functions of the deflated bound (None: the size rule's k).
-    exact_max: a dense SVD (Cholesky-verified) where N C <= exact_max; gram_max: Gram iteration where N C <= gram_max.
-    resolution_free, rf_rtol, rf_max_rounds: the bound valid on every grid, its branch-and-bound tolerance and
-    rounds (None: the size rule's, from RF_WORK and RF_PAIRS; a number: that many rounds, no work cap).
-    circulant_rtol: tolerance of the circulant embedding's certified maximum.
-    probabilistic, failure_probability, seed, target_gap, max_steps, memory_bytes: the Lanczos run that gives the
-    lower bound and the probabilistic upper bound (it stops once both are within target_gap of the lower bound).
-    symbol_start, symbol_start_tokens, symbol_steps: a symbol-guided Lanczos start on grids of many tokens.
-    dtype, device: where the bounds are computed (float32 or float64; the deflated bound needs float64)."""
-    budget_s: float = DEFAULT_BUDGET_S
-    deadline_s: float | None = None
-    dtype: torch.dtype = torch.float64
-    device: object = None
-    failure_probability: float = 1e-6
-    target_gap: float = 1e-3
-    max_steps: int = 400
-    memory_bytes: float = 2e9
-    exact_max: int = 4096
-    gram_max: int = 1536
-    resolution_free: bool = True
-    rf_rtol: float = 1e-6
-    rf_max_rounds: int | None = None
-    circulant_rtol: float = 1e-9
-    symbol_start: bool = True
-    symbol_start_tokens: int = 1024
-    symbol_steps: int = 40
-    probabilistic: bool = True
-    seed: int | None = None
-    progress: bool = False
-    majorant: bool | None = None
-    deflated: bool | None = None
-    deflation_k: int | None = None
-
-    def __post_init__(self):
-        for name in ("budget_s", "deadline_s"):
-            v = getattr(self, name)
-            if v is None and name == "deadline_s":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        if not (0 < self.failure_probability < 1):
-            raise ValueError(f"failure_probability must be in (0, 1), got {self.failure_probability}")
-        for name in ("deflated", "majorant"):
-            if getattr(self, name) not in (None, True, False):
-                raise ValueError(f"{name} must be None (the size rule decides), True or False, "
-                                 f"got {getattr(self, name)!r}")
-
-
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(CertifyOptions))
-
-
-def certify_options(options: CertifyOptions | None = None, **kw) -> CertifyOptions:
-    """`options` (default CertifyOptions()) with the keyword arguments applied: the names of ssog_lipschitz's keyword
-    arguments before CertifyOptions, and every other field. An unknown name raises TypeError listing the known ones."""
-    if options is None:
-        options = CertifyOptions()
-    elif not isinstance(options, CertifyOptions):
-        raise TypeError(f"options must be a lipcheck.bounds.CertifyOptions, got {type(options).__name__}")
-    bad = sorted(set(kw) - set(OPTION_NAMES))
-    if bad:
-        raise TypeError(f"unknown certification option(s) {', '.join(map(repr, bad))}; the options are "
-                        f"{', '.join(OPTION_NAMES)}")
-    return dataclasses.replace(options, **kw) if kw else options
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Which optional stages `ssog_lipschitz` runs, decided from the sizes alone (no clock): exact (dense SVD),
-    deflated with k token functions (its complement: 'gram' or 'auto'), majorant; rule says why."""
-    exact: bool
-    deflated: bool
-    deflation_k: int | None
-    complement: str
-    majorant: bool
-    rule: str
-    rf_max_rounds: int = 200
-    rf_max_work: float | None = None
-
-
-def rf_rounds(C: int, scale: float = 1.0) -> int:
-    """Rounds of the resolution-free branch and bound that fit RF_WORK * scale: (anchors per round) C^3 each, the
-    anchors as `_resolution_free` picks them; between 8 and 200."""
-    k_anchor = max(4, min(64, int(1e8 / C ** 3)))
-    return int(max(8, min(200, RF_WORK * scale / (k_anchor * float(C) ** 3))))
-
-
-def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = None) -> Plan:
-    """The size rule of the default certification: the tightest method that fits, best first.
-
-    1. N C <= exact_max: the dense SVD, verified by Cholesky, is ||T|| up to rounding: nothing beats it.
-    2. The deflated bound with the circulant Gram envelope on the complement (Theorem D4) where the envelope fits
-       (half the torus within gram_envelope.MAX_FREQUENCIES: up to 32 x 32) and some k >= 1 token functions fit
-       the work budgets (deflation.planned_k: k C near 4608, heads^4 (k C)^2 <= GRAM_BUDGET, both scaled by
-       budget_s / 60 s): within 1e-6 to 1e-3 of ||T|| on the layers measured, 5-35 s.
-    3. The Toeplitz majorant up to 4096 tokens (64 x 64).
-    4. Beyond: the circulant embedding and the closed forms (always computed).
-    deflated / majorant set to True or False in the options override the rule for that stage."""
-    o = options if options is not None else CertifyOptions()
-    N, n = H * W, H * W * C
-    scale = o.budget_s / DEFAULT_BUDGET_S
-    exact = n <= o.exact_max
-    complement, k = "auto", o.deflation_k
-    if o.deflated is not None:
-        deflated, rule = o.deflated, f"deflated={o.deflated} (asked)"
-    elif exact:
-        deflated, rule = False, f"N*C = {n} <= exact_max = {o.exact_max}: the Cholesky-verified dense SVD"
-    elif o.dtype != torch.float64:
-        deflated, rule = False, "the deflated bound is certified in float64 only"
-    else:
-        kk = planned_k(H, W, C, heads, scale=scale) if o.deflation_k is None else int(o.deflation_k)
-        deflated = kk >= 1
-        if deflated:
-            k, complement = kk, "gram" if o.deflation_k is None else "auto"
-            rule = (f"deflated bound, circulant Gram envelope on the complement, k = {kk} token functions "
-                    f"(k C = {kk * C}, {heads} heads, budget {o.budget_s:g} s)")
-        else:
-            rule = ("deflated bound does not fit: " + (f"the {H}x{W} grid is beyond the Gram envelope's frequencies"
-                                                       if not affordable(H, W) else
-                                                       f"{heads} heads at C = {C} exceed GRAM_BUDGET * {scale:g}"))
-    if o.majorant is not None:
-        majorant = o.majorant
-    else:
-        majorant = not deflated and not exact and N <= 4096
-        if majorant:
-            rule += "; Toeplitz majorant (N <= 4096)"
-        elif not deflated and not exact:
-            rule += f"; N = {N} > 4096: circulant embedding and closed forms only"
-    rounds = o.rf_max_rounds if o.rf_max_rounds is not None else rf_rounds(C, scale)
-    rf_work = None if o.rf_max_rounds is not None else RF_PAIRS * scale  # rounds asked for: no cap on their work
-    return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule,
-                rf_max_rounds=int(rounds), rf_max_work=rf_work)
+from .options import (DEFAULT_BUDGET_S, OPTION_NAMES, RF_PAIRS, RF_WORK, CertifyOptions, Plan,  # noqa: F401
+                      certify_options, plan, rf_rounds)
 
 
 @dataclasses.dataclass
@@ -233,9 +85,283 @@ def check_schedule(steps_cap: int) -> list[int]:
 _WINNER_ORDER = ("exact", "gram", "deflated", "majorant", "circulant", "resolution_free", "closed_form")
 
 
+@dataclasses.dataclass
+class _Run:
+    """One certification: the normalised parameters q, the options o and plan pl, the rounding margins (B = the
+    magnitude every rounding error is a multiple of), the clock the deadline reads, and what the stages found so far
+    (certified upper bounds by stage in the layer's units, SSoGBound's seconds, method and info, the dense matrix
+    where it was built, the circulant embedding's maximum, the dense SVD's value)."""
+    q: sp.SSoGParams
+    H: int
+    W: int
+    o: CertifyOptions
+    pl: Plan
+    sn: sp.SymbolNorm
+    B: float
+    dense_err: float
+    apply_err: float
+    margins: dict
+    t_start: float
+    bounds: dict = dataclasses.field(default_factory=dict)
+    seconds: dict = dataclasses.field(default_factory=dict)
+    method: dict = dataclasses.field(default_factory=dict)
+    info: dict = dataclasses.field(default_factory=dict)
+    cut: list = dataclasses.field(default_factory=list)
+    dense: torch.Tensor | None = None
+    circ: sp.SymbolMax | None = None
+    exact: float | None = None
+    exact_reason: str | None = None
+
+    @property
+    def n(self) -> int:
+        return self.H * self.W * self.q.dim
+
+    @property
+    def upper(self) -> float:
+        return min(self.bounds.values())
+
+    def late(self, stage: str) -> bool:
+        """Past the wall-clock deadline: the stage is skipped (or stopped), and the result says so."""
+        if self.o.deadline_s is not None and self.seconds_left() < 0:
+            if stage not in self.cut:
+                self.cut.append(stage)
+            return True
+        return False
+
+    def seconds_left(self) -> float:
+        return self.o.deadline_s - (time.perf_counter() - self.t_start)
+
+
+@dataclasses.dataclass
+class Stage:
+    """What a bound method found: its certified upper bound in the layer's units (None: it gave none), the
+    description SSoGBound.method shows, and its entry in SSoGBound.info (None: no entry)."""
+    value: float | None
+    method: str
+    info: dict | None = None
+
+
+def closed_form(run: _Run) -> Stage:
+    return Stage(sp.closed_form_bound(run.q), "sum_h ||P_h|| sum_m |alpha|")
+
+
+def resolution_free(run: _Run) -> Stage:
+    o = run.o
+    if not o.resolution_free or run.late("resolution_free"):
+        return Stage(None, "not computed (closed form)" if not o.resolution_free
+                     else "skipped: past the deadline (closed form)")
+    rf, rf_info = sp.resolution_free_bound(run.q, sn=run.sn, rtol=o.rf_rtol, progress=o.progress,
+                                           max_rounds=run.pl.rf_max_rounds, max_work=run.pl.rf_max_work)
+    return Stage(rf.upper, "branch and bound on the torus, SVD anchors, second-order cell bounds",
+                 dict(symbol_sup_lower=rf.lower, argmax=rf.argmax, **rf_info))
+
+
+def circulant(run: _Run) -> Stage:
+    H, W = run.H, run.W
+    circ = run.circ = sp.circulant_bound(run.q, H, W, sn=sp.SymbolNorm(run.q), rtol=run.o.circulant_rtol)
+    return Stage(circ.upper, f"block-circulant embedding, certified max over the {2 * H - 1}x{2 * W - 1} DFT grid",
+                 dict(lower=circ.lower, argmax=circ.argmax, svds=circ.num_svd, points=circ.num_points))
+
+
+def gram(run: _Run) -> Stage:
+    if run.n > run.o.gram_max:
+        return Stage(None, f"skipped: N*C = {run.n} > gram_max = {run.o.gram_max}")
+    run.dense = sp.dense_operator(run.q, run.H, run.W)
+    g_n, k = sp.gram_bound(run.dense)
+    return Stage(sp._scale_back(g_n + run.dense_err, run.q.log2_scale, up=True),
+                 f"Gram iteration, {k} squarings, Cauchy-interlacing tightening")
+
+
+def deflated(run: _Run) -> Stage | None:
+    """T exactly on the top token functions, an envelope beyond (deflation.py); a failure of the size rule's choice
+    is reported and the next method serves, a failure of a deflated bound asked for by name stands."""
+    o, pl = run.o, run.pl
+    if not pl.deflated or run.late("deflated"):
+        return None
+    envelope_budget = None
+    if o.deflated is None and o.budget_s != DEFAULT_BUDGET_S:
+        envelope_budget = ENVELOPE_BUDGET * o.budget_s / DEFAULT_BUDGET_S
+    # the majorant's envelope (complement 'majorant') refines for the plan's rounds, stopped by nothing but a deadline
+    deadline = dict(time_budget=max(0.0, run.seconds_left()) if o.deadline_s is not None else None)
+    try:
+        db = deflated_bound(run.q, run.H, run.W, k=pl.deflation_k, complement=pl.complement,
+                            envelope_budget=envelope_budget, max_rounds=pl.majorant_rounds, **deadline)
+    except ValueError as err:  # asked for: the refusal stands; chosen by the size rule: the next method serves
+        if o.deflated:
+            raise
+        return Stage(None, f"failed, not used: {err}", dict(error=str(err)))
+    if db.info.get("envelope") == "majorant":
+        run.late("deflated")  # past the deadline now: its envelope's refinement may have been stopped; listed
+    dval = db.upper  # already scaled back by q.log2_scale, as the majorant's
+    info = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"), gave_upper=dval < run.upper,
+                upper_from=db.info.get("upper_from"))
+    if db.info.get("theorem") == "D3":
+        info.update(eps=db.eps, sigma=db.sigma)
+    envelope = "circulant Gram envelope" if db.info.get("envelope") == "gram" else "majorant"
+    if db.info.get("upper_from") in ("envelope", "majorant"):
+        method = (f"the {envelope}'s own bound (it beat the deflated bound on {db.k} token functions), "
+                  f"Cholesky-certified")
+    else:
+        method = (f"deflated bound: exact on {db.k} token functions x C channels, the {envelope} "
+                  f"on the complement, Cholesky-certified")
+    info["envelope"] = db.info.get("envelope")
+    return Stage(dval, method, info)
+
+
+def majorant(run: _Run) -> Stage | None:
+    """The Toeplitz majorant (majorant.py), where the plan picks it or where the deflated bound the size rule chose
+    was skipped or failed and the grid is within its reach."""
+    o, pl = run.o, run.pl
+    fallback = (pl.deflated and "deflated" not in run.bounds and o.deflated is None and o.majorant is None
+                and not pl.exact and run.H * run.W <= 4096)
+    if not (pl.majorant or fallback) or run.late("majorant"):
+        return None
+    mkw = {}
+    if o.deadline_s is not None:  # any stopping point of its refinement is certified; a stop says so (cut_short)
+        mkw["time_budget"] = max(0.0, run.seconds_left())
+    if o.budget_s != DEFAULT_BUDGET_S:  # the default budget is the majorant's own size rule
+        mkw["max_rounds"] = pl.majorant_rounds
+    upper = run.upper
+    mb = toeplitz_majorant(run.q, run.H, run.W, sn=run.sn, beat=upper, progress=o.progress, **mkw)
+    if mb.cut_short:
+        run.cut.append("majorant")
+    return Stage(mb.upper, "Toeplitz majorant lambda_max(T_N(s_up)), Cholesky-certified",  # scaled back already
+                 dict(value=mb.upper, cells=mb.cells, rounds=mb.rounds, gave_upper=mb.upper < upper))
+
+
+def exact(run: _Run) -> Stage:
+    """The dense SVD's value, certified: Cholesky of mu I - fl(T^T T) proves ||T as stored|| <= it
+    (rounding.norm2_upper), and dense_err covers the stored matrix's distance to T."""
+    n, o, e2 = run.n, run.o, run.q.log2_scale
+    if n > o.exact_max:
+        run.exact_reason = (f"N*C = {n} > exact_max = {o.exact_max}: the dense matrix would take "
+                            f"{n * n * 8 / 2 ** 30:.1f} GiB in float64 and O((NC)^3) time")
+        return Stage(None, "not computed")
+    if run.late("exact"):
+        run.exact_reason = "skipped: past the deadline"
+        return Stage(None, "not computed")
+    dense = run.dense if run.dense is not None else sp.dense_operator(run.q, run.H, run.W)
+    with sp.single_thread():
+        s1 = sp._finite(float(torch.linalg.matrix_norm(dense, ord=2)), "dense SVD")
+    run.exact = sp._scale_back(s1, e2, up=True)
+    with sp.single_thread():
+        certified = float(norm2_upper(dense, s=torch.tensor(s1)))
+    return Stage(sp._scale_back(sp._finite(certified, "verified dense norm") + run.dense_err, e2, up=True), "dense SVD")
+
+
+# The bound methods in the order they run: each sees the bounds before it (the majorant stops refining once it
+# cannot beat them); names are the keys of SSoGBound.method, seconds and best_method.
+METHODS: dict[str, Callable[[_Run], Stage | None]] = {
+    "closed_form": closed_form, "resolution_free": resolution_free, "circulant": circulant, "gram": gram,
+    "deflated": deflated, "majorant": majorant, "exact": exact}
+
+
+# --------------------------------------------------------------------------------------------------
+# Lanczos on T^T T: a symbol-guided start for the lower bound on large grids, a random start for the
+# probabilistic bound (Kuczynski-Wozniakowski needs a start uniform on the sphere)
+
+
+def _lower_of(run: _Run, v: torch.Tensor) -> float:
+    """||T v|| / ||v|| (normalised units) less its rounding: a certified lower bound on ||T||."""
+    q = run.q
+    r = float(sp.apply_T(v, q).norm() / v.norm())
+    sp._finite(r, "Lanczos Rayleigh quotient")
+    return max(0.0, r * (1 - q.gamma(2 * run.n + 4)) - run.apply_err)
+
+
+def _operator(run: _Run) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda v: sp.apply_T_adjoint(sp.apply_T(v, run.q), run.q)
+
+
+def symbol_start_lower(run: _Run, steps_cap: int) -> float:
+    """Lanczos from a plane wave at the circulant argmax times the top singular direction of S there, under a sine
+    window: a lower bound (normalised units) on grids of many tokens, where a random start needs many steps."""
+    q, H, W, o, circ = run.q, run.H, run.W, run.o, run.circ
+    dtype, dev = o.dtype, q.WV.device
+    cs = sp.symbol_coefficients(q, torch.tensor([circ.argmax[0]], dtype=dtype, device=dev),
+                                torch.tensor([circ.argmax[1]], dtype=dtype, device=dev))
+    with sp.single_thread():
+        U = torch.linalg.svd(run.sn.matrix(cs)).U[0, :, 0]
+    iy = torch.arange(H, dtype=dtype, device=dev)
+    ix = torch.arange(W, dtype=dtype, device=dev)
+    win = torch.sin(math.pi * (iy[:, None] + 1) / (H + 1)) * torch.sin(math.pi * (ix[None, :] + 1) / (W + 1))
+    phase = torch.exp(1j * (circ.argmax[0] * iy[:, None] + circ.argmax[1] * ix[None, :]))
+    s0 = (win * phase)[..., None] * U.conj()[None, None, :]
+    s0 = s0.real if float(s0.real.norm()) > float(s0.imag.norm()) else s0.imag
+    s0 = s0[None].to(dtype)
+    theta2, v2, k2 = sp.lanczos(_operator(run), s0, max(2, min(steps_cap, o.symbol_steps)), progress=o.progress)
+    lower = _lower_of(run, v2)
+    run.info["lanczos_symbol_start"] = dict(steps=k2, theta=theta2,
+                                            lower=sp._scale_back(lower, run.q.log2_scale, up=False))
+    return lower
+
+
+def probabilistic_upper(run: _Run, steps_cap: int, seed: int) -> tuple[float, float]:
+    """(upper bound holding with probability >= 1 - failure_probability in the layer's units, the lower bound of
+    its Ritz vector in normalised units): Lanczos from a Gaussian start, stopped at a planned check once both are
+    within the target gap; the failure probability is split over the checks planned (a union bound)."""
+    q, o, n, e2 = run.q, run.o, run.n, run.q.log2_scale
+    upper_n = math.ldexp(run.upper, -e2)  # the deterministic bound in normalised units, for the stopping rule
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    v0 = torch.randn(1, run.H, run.W, q.dim, generator=gen, dtype=o.dtype).to(q.WV.device)
+    schedule = set(check_schedule(min(steps_cap, n)))
+    delta_each = o.failure_probability / len(schedule)
+    # theta is a verified upper bound on the top eigenvalue of the stored tridiagonal (Cholesky); the
+    # tridiagonal's own entries carry the rounding of the recurrence, <= gamma_(4n+8) B^2 (proofs/S2.md)
+    theta_err = q.gamma(4 * n + 8) * run.B ** 2
+    # where the dense value closed the upper bound, run Lanczos until the lower bound meets it too
+    gap_goal = o.target_gap if run.exact is None else min(o.target_gap, 1e-8)
+    checks = []
+
+    def stop(theta, j):
+        if j not in schedule:
+            return False
+        checks.append(j)
+        if run.late("upper_probabilistic"):  # at a planned check only: the union bound stays as planned
+            return True
+        eps = sp.kw_epsilon(n, j, delta_each)
+        if eps >= 1:
+            return False
+        up = math.sqrt(max(theta + theta_err, 0.0) / (1 - eps))
+        return (min(up, upper_n) / math.sqrt(max(theta, 1e-300)) - 1) <= gap_goal * 0.9
+
+    theta, v, steps = sp.lanczos(_operator(run), v0, steps_cap, stop=stop, progress=o.progress, verified=True)
+    sp._finite(theta, "Lanczos Ritz value")
+    eps = sp.kw_epsilon(n, steps, delta_each)
+    up_prob_n = math.sqrt(max(theta + theta_err, 0.0) / (1 - eps)) if eps < 1 else math.inf
+    up_prob = sp._scale_back(up_prob_n, e2, up=True) if math.isfinite(up_prob_n) else math.inf
+    run.info["lanczos"] = dict(steps=steps, theta=theta, kw_epsilon=eps, n=n, checks=checks,
+                               schedule_size=len(schedule), failure_probability_per_check=delta_each)
+    run.method["upper_probabilistic"] = (f"Lanczos, {steps} steps from a Gaussian start (seed {seed}), "
+                                         f"Kuczynski-Wozniakowski bound (relative eigenvalue error {eps:.3g}), "
+                                         f"failure probability split over {len(schedule)} planned checks")
+    return up_prob, _lower_of(run, v)
+
+
+# --------------------------------------------------------------------------------------------------
+# The entry point
+
+
+def _start(layer, H: int, W: int, o: CertifyOptions, t_start: float) -> _Run:
+    """Read and normalise the layer, plan the stages, and fix the rounding margins every stage reads."""
+    q = sp.normalised(sp.ssog_params(layer, dtype=o.dtype, device=o.device))
+    e2, N, C = q.log2_scale, H * W, q.dim
+    B = q.magnitude()
+    dense_err = sp.dense_error(q, N)
+    # ||fl(T v) - T v|| <= (dense_err + gamma_n-rounding of the norms) ||v||: the lower bound subtracts it
+    apply_err = dense_err + q.gamma(2 * C + H * q.alpha.shape[1] + W + 8) * B
+    margins = dict(dtype=str(o.dtype), unit_roundoff=q.u, log2_scale=e2, magnitude=sp._scale_back(B, e2, up=True),
+                   dense_error=sp._scale_back(dense_err, e2, up=True),
+                   spectral_norms="verified by Cholesky (rounding.norm2_upper), no SVD error model",
+                   tap_relative_error=float(sp.tap_error(q).max()), conversion_error=q.conversion_error,
+                   apply_error=sp._scale_back(apply_err, e2, up=True))
+    return _Run(q=q, H=H, W=W, o=o, pl=plan(H, W, C, q.num_heads, o), sn=sp.SymbolNorm(q), B=B, dense_err=dense_err,
+                apply_err=apply_err, margins=margins, t_start=t_start)
+
+
 def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None, **kw) -> SSoGBound:
     """Certified bounds on Lip(SSoG) = ||T||_2 on an H x W grid: the tightest certified upper bound the size rule fits
-    in the time budget (CertifyOptions.budget_s, 60 s on 2 cores), best_method naming what won.
+    in the budget (CertifyOptions.budget_s, 60 s on 2 cores, as counts of work), best_method naming what won.
 
     options: a CertifyOptions; keyword arguments (dtype, device, failure_probability, target_gap, max_steps,
     memory_bytes, exact_max, gram_max, resolution_free, rf_rtol, circulant_rtol, symbol_start, symbol_start_tokens,
@@ -249,7 +375,8 @@ def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None,
     roundoff of `dtype` (float32 or float64). The operator is normalised first (powers of two out of alpha, W_V,
     W_O) and the bounds scaled back, so any scale the dtype holds is certified; a bound that cannot be represented, a
     NaN/inf anywhere, a half-precision layer or a kernel its dtype cannot carry raise ValueError instead of returning
-    a number.
+    a number. Without deadline_s the deterministic bounds depend on the layer, the sizes and the options alone, not
+    on the machine or its load; a deadline that skips or stops a stage is listed in budget['cut'] (cut_short).
 
     upper_probabilistic holds with probability >= 1 - failure_probability over the random Lanczos start,
     the adaptive stopping rule included (union bound over the fixed check schedule). seed=None (default)
@@ -259,226 +386,49 @@ def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None,
     """
     sp._check_grid_size(H, W)
     o = certify_options(options, **kw)
-    t_start = time.perf_counter()
-    cut = []
-
-    def late(stage: str) -> bool:
-        """Past the wall-clock deadline: the stage is skipped (or stopped), and the result says so."""
-        if o.deadline_s is not None and time.perf_counter() - t_start > o.deadline_s:
-            if stage not in cut:
-                cut.append(stage)
-            return True
-        return False
-
-    dtype, progress, failure_probability, seed = o.dtype, o.progress, o.failure_probability, o.seed
-    p = sp.ssog_params(layer, dtype=dtype, device=o.device)
-    q = sp.normalised(p)
-    e2 = q.log2_scale
-    N, C = H * W, q.dim
-    n = N * C
-    pl = plan(H, W, C, q.num_heads, o)
-    seconds, method, info = {}, {}, {}
-    bounds = {}  # certified upper bounds by stage, in the layer's units
-    B = q.magnitude()
-    dense_err = sp.dense_error(q, N)
-    margins = dict(dtype=str(dtype), unit_roundoff=q.u, log2_scale=e2, magnitude=sp._scale_back(B, e2, up=True),
-                   dense_error=sp._scale_back(dense_err, e2, up=True),
-                   spectral_norms="verified by Cholesky (rounding.norm2_upper), no SVD error model",
-                   tap_relative_error=float(sp.tap_error(q).max()), conversion_error=q.conversion_error)
-
-    t = time.perf_counter()
-    closed = sp.closed_form_bound(q)
-    seconds["closed_form"], method["closed_form"] = time.perf_counter() - t, "sum_h ||P_h|| sum_m |alpha|"
-    bounds["closed_form"] = closed
-
-    sn = sp.SymbolNorm(q)
-    t = time.perf_counter()
-    if o.resolution_free and not late("resolution_free"):
-        rf, rf_info = sp.resolution_free_bound(q, sn=sn, rtol=o.rf_rtol, progress=progress, max_rounds=pl.rf_max_rounds,
-                                            max_work=pl.rf_max_work)
-        rfree = min(rf.upper, closed)
-        info["resolution_free"] = dict(symbol_sup_lower=rf.lower, argmax=rf.argmax, **rf_info)
-        method["resolution_free"] = "branch and bound on the torus, SVD anchors, second-order cell bounds"
-        bounds["resolution_free"] = rf.upper
-    else:
-        rfree = closed
-        method["resolution_free"] = ("not computed (closed form)" if not o.resolution_free
-                                     else "skipped: past the deadline (closed form)")
-    seconds["resolution_free"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    circ = sp.circulant_bound(q, H, W, sn=sp.SymbolNorm(q), rtol=o.circulant_rtol)
-    seconds["circulant"] = time.perf_counter() - t
-    method["circulant"] = f"block-circulant embedding, certified max over the {2 * H - 1}x{2 * W - 1} DFT grid"
-    info["circulant"] = dict(lower=circ.lower, argmax=circ.argmax, svds=circ.num_svd, points=circ.num_points)
-    bounds["circulant"] = circ.upper
-
-    dense = None
-    gram = None
-    t = time.perf_counter()
-    if n <= o.gram_max:
-        dense = sp.dense_operator(q, H, W)
-        g_n, k = sp.gram_bound(dense)
-        gram = sp._scale_back(g_n + dense_err, e2, up=True)
-        method["gram"] = f"Gram iteration, {k} squarings, Cauchy-interlacing tightening"
-        bounds["gram"] = gram
-    else:
-        method["gram"] = f"skipped: N*C = {n} > gram_max = {o.gram_max}"
-    seconds["gram"] = time.perf_counter() - t
-    upper = min(bounds.values())
-    db = None
-    if pl.deflated and not late("deflated"):  # deflation.py: T exactly on the top token functions, an envelope beyond
-        envelope_budget = None
-        if o.deflated is None and o.budget_s != DEFAULT_BUDGET_S:
-            envelope_budget = ENVELOPE_BUDGET * o.budget_s / DEFAULT_BUDGET_S
+    run = _start(layer, H, W, o, time.perf_counter())
+    for name, method in METHODS.items():
         t = time.perf_counter()
-        try:
-            db = deflated_bound(q, H, W, k=pl.deflation_k, complement=pl.complement, envelope_budget=envelope_budget)
-        except ValueError as err:  # asked for: the refusal stands; chosen by the size rule: the next method serves
-            if o.deflated:
-                raise
-            db = None
-            seconds["deflated"] = time.perf_counter() - t
-            method["deflated"] = f"failed, not used: {err}"
-            info["deflated"] = dict(error=str(err))
-    if pl.deflated and db is not None:
-        seconds["deflated"] = time.perf_counter() - t
-        dval = db.upper  # already scaled back by q.log2_scale, as the majorant's
-        info["deflated"] = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"),
-                                gave_upper=dval < upper, upper_from=db.info.get("upper_from"))
-        if db.info.get("theorem") == "D3":
-            info["deflated"].update(eps=db.eps, sigma=db.sigma)
-        envelope = "circulant Gram envelope" if db.info.get("envelope") == "gram" else "majorant"
-        if db.info.get("upper_from") in ("envelope", "majorant"):
-            method["deflated"] = (f"the {envelope}'s own bound (it beat the deflated bound on {db.k} token functions), "
-                                  f"Cholesky-certified")
-        else:
-            method["deflated"] = (f"deflated bound: exact on {db.k} token functions x C channels, the {envelope} "
-                                  f"on the complement, Cholesky-certified")
-        info["deflated"]["envelope"] = db.info.get("envelope")
-        upper = min(upper, dval)
-        bounds["deflated"] = dval
+        stage = method(run)
+        if stage is None:
+            continue
+        run.seconds[name], run.method[name] = time.perf_counter() - t, stage.method
+        if stage.info is not None:
+            run.info[name] = stage.info
+        if stage.value is not None:
+            run.bounds[name] = stage.value
+    return _with_lanczos(run)
 
-    fallback = (pl.deflated and db is None and o.deflated is None and o.majorant is None and not pl.exact
-                and N <= 4096)  # the deflated bound was skipped or failed: the next method of the rule
-    if (pl.majorant or fallback) and not late("majorant"):  # Toeplitz majorant (majorant.py)
-        mkw = {}
-        if o.deadline_s is not None:  # any stopping point of its refinement is certified
-            mkw["time_budget"] = max(0.0, min(45.0, o.deadline_s - (time.perf_counter() - t_start)))
-        t, mb = time.perf_counter(), toeplitz_majorant(q, H, W, sn=sn, beat=upper, progress=progress, **mkw)
-        mval, seconds["majorant"] = mb.upper, time.perf_counter() - t  # already scaled back by q.log2_scale
-        info["majorant"] = dict(value=mval, cells=mb.cells, rounds=mb.rounds, gave_upper=mval < upper)
-        method["majorant"], upper = "Toeplitz majorant lambda_max(T_N(s_up)), Cholesky-certified", min(upper, mval)
-        bounds["majorant"] = mval
+
+def _with_lanczos(run: _Run) -> SSoGBound:
+    """The Lanczos lower bound and probabilistic upper bound added to the deterministic stages: the SSoGBound."""
+    o, q, bounds = run.o, run.q, run.bounds
+    steps_cap = int(max(2, min(o.max_steps, o.memory_bytes // (8 * run.n))))
     t = time.perf_counter()
-    exact, reason = None, None
-    if n <= o.exact_max and not late("exact"):
-        dense = dense if dense is not None else sp.dense_operator(q, H, W)
-        with sp.single_thread():
-            s1 = sp._finite(float(torch.linalg.matrix_norm(dense, ord=2)), "dense SVD")
-        exact = sp._scale_back(s1, e2, up=True)
-        method["exact"] = "dense SVD"
-        # the SVD's value is a guess; Cholesky of mu I - fl(T^T T) proves ||T as stored|| <= it (rounding.norm2_upper),
-        # and dense_err covers the stored matrix's distance to T
-        with sp.single_thread():
-            certified = float(norm2_upper(dense, s=torch.tensor(s1)))
-        bounds["exact"] = sp._scale_back(sp._finite(certified, "verified dense norm") + dense_err, e2, up=True)
-        upper = min(upper, bounds["exact"])
-    elif n <= o.exact_max:
-        reason = "skipped: past the deadline"
-        method["exact"] = "not computed"
-    else:
-        reason = (f"N*C = {n} > exact_max = {o.exact_max}: the dense matrix would take "
-                  f"{n * n * 8 / 2 ** 30:.1f} GiB in float64 and O((NC)^3) time")
-        method["exact"] = "not computed"
-    seconds["exact"] = time.perf_counter() - t
-
-    # Lanczos on T^T T: a symbol-guided start for the lower bound on large grids, a random start for the
-    # probabilistic bound (Kuczynski-Wozniakowski needs a start uniform on the sphere)
-    t = time.perf_counter()
-    A = lambda v: sp.apply_T_adjoint(sp.apply_T(v, q), q)  # noqa: E731
-    steps_cap = int(max(2, min(o.max_steps, o.memory_bytes // (8 * n))))
-    # ||fl(T v) - T v|| <= (dense_err + gamma_n-rounding of the norms) ||v||: the lower bound subtracts it
-    apply_err = dense_err + q.gamma(2 * C + H * q.alpha.shape[1] + W + 8) * B
-    margins["apply_error"] = sp._scale_back(apply_err, e2, up=True)
-
-    def lower_of(v):
-        r = float(sp.apply_T(v, q).norm() / v.norm())
-        sp._finite(r, "Lanczos Rayleigh quotient")
-        return max(0.0, r * (1 - q.gamma(2 * n + 4)) - apply_err)
-
     lower = 0.0
-    symbol_start = o.symbol_start and N >= o.symbol_start_tokens
-    if symbol_start and (not o.probabilistic or not late("lower")):  # the only lower bound without the random run
-        # plane wave at the circulant argmax times the top singular direction, under a sine window
-        cs = sp.symbol_coefficients(q, torch.tensor([circ.argmax[0]], dtype=dtype, device=q.WV.device),
-                                 torch.tensor([circ.argmax[1]], dtype=dtype, device=q.WV.device))
-        with sp.single_thread():
-            U = torch.linalg.svd(sn.matrix(cs)).U[0, :, 0]
-        iy = torch.arange(H, dtype=dtype, device=q.WV.device)
-        ix = torch.arange(W, dtype=dtype, device=q.WV.device)
-        win = torch.sin(math.pi * (iy[:, None] + 1) / (H + 1)) * torch.sin(math.pi * (ix[None, :] + 1) / (W + 1))
-        phase = torch.exp(1j * (circ.argmax[0] * iy[:, None] + circ.argmax[1] * ix[None, :]))
-        s0 = (win * phase)[..., None] * U.conj()[None, None, :]
-        s0 = s0.real if float(s0.real.norm()) > float(s0.imag.norm()) else s0.imag
-        s0 = s0[None].to(dtype)
-        theta2, v2, k2 = sp.lanczos(A, s0, max(2, min(steps_cap, o.symbol_steps)), progress=progress)
-        lower = lower_of(v2)
-        info["lanczos_symbol_start"] = dict(steps=k2, theta=theta2, lower=sp._scale_back(lower, e2, up=False))
-    seconds["lower"] = time.perf_counter() - t
-    method["lower"] = "||T v|| / ||v|| at a Lanczos Ritz vector (fast operator), minus its rounding bound"
-
-    upper_n = math.ldexp(upper, -e2)  # the deterministic bound in normalised units, for the stopping rule
+    symbol_start = o.symbol_start and run.H * run.W >= o.symbol_start_tokens
+    if symbol_start and (not o.probabilistic or not run.late("lower")):  # the only lower bound without the random run
+        lower = symbol_start_lower(run, steps_cap)
+    run.seconds["lower"] = time.perf_counter() - t
+    run.method["lower"] = "||T v|| / ||v|| at a Lanczos Ritz vector (fast operator), minus its rounding bound"
     t = time.perf_counter()
+    upper, seed, failure_probability = run.upper, o.seed, o.failure_probability
     if o.probabilistic:
-        if seed is None:
-            seed = secrets.randbits(63)
-        gen = torch.Generator(device="cpu").manual_seed(int(seed))
-        v0 = torch.randn(1, H, W, C, generator=gen, dtype=dtype).to(q.WV.device)
-        schedule = set(check_schedule(min(steps_cap, n)))
-        delta_each = failure_probability / len(schedule)
-        # theta is a verified upper bound on the top eigenvalue of the stored tridiagonal (Cholesky); the
-        # tridiagonal's own entries carry the rounding of the recurrence, <= gamma_(4n+8) B^2 (proofs/S2.md)
-        theta_err = lambda j: q.gamma(4 * n + 8) * B ** 2  # noqa: E731
-
-        # where the dense value closed the upper bound, run Lanczos until the lower bound meets it too
-        gap_goal = o.target_gap if exact is None else min(o.target_gap, 1e-8)
-        checks = []
-
-        def stop(theta, j):
-            if j not in schedule:
-                return False
-            checks.append(j)
-            if late("upper_probabilistic"):  # at a planned check only: the union bound stays as planned
-                return True
-            eps = sp.kw_epsilon(n, j, delta_each)
-            if eps >= 1:
-                return False
-            up = math.sqrt(max(theta + theta_err(j), 0.0) / (1 - eps))
-            return (min(up, upper_n) / math.sqrt(max(theta, 1e-300)) - 1) <= gap_goal * 0.9
-
-        theta, v, steps = sp.lanczos(A, v0, steps_cap, stop=stop, progress=progress, verified=True)
-        sp._finite(theta, "Lanczos Ritz value")
-        lower = max(lower, lower_of(v))
-        eps = sp.kw_epsilon(n, steps, delta_each)
-        up_prob_n = math.sqrt(max(theta + theta_err(steps), 0.0) / (1 - eps)) if eps < 1 else math.inf
-        up_prob = sp._scale_back(up_prob_n, e2, up=True) if math.isfinite(up_prob_n) else math.inf
-        info["lanczos"] = dict(steps=steps, theta=theta, kw_epsilon=eps, n=n, checks=checks,
-                               schedule_size=len(schedule), failure_probability_per_check=delta_each)
-        method["upper_probabilistic"] = (f"Lanczos, {steps} steps from a Gaussian start (seed {seed}), "
-                                         f"Kuczynski-Wozniakowski bound (relative eigenvalue error {eps:.3g}), "
-                                         f"failure probability split over {len(schedule)} planned checks")
+        seed = secrets.randbits(63) if seed is None else seed
+        up_prob, lower_prob = probabilistic_upper(run, steps_cap, seed)
+        lower = max(lower, lower_prob)
     else:
         up_prob, failure_probability = upper, 0.0
-        method["upper_probabilistic"] = "not run: the deterministic upper bound (failure probability 0)"
-    seconds["upper_probabilistic"] = time.perf_counter() - t
-    up_prob = min(up_prob, upper)
-    lower = sp._scale_back(lower, e2, up=False)
+        run.method["upper_probabilistic"] = "not run: the deterministic upper bound (failure probability 0)"
+    run.seconds["upper_probabilistic"] = time.perf_counter() - t
+    closed = bounds["closed_form"]
     best = next(name for name in _WINNER_ORDER if name in bounds and bounds[name] == upper)
-    budget = dict(dataclasses.asdict(pl), budget_s=o.budget_s, deadline_s=o.deadline_s, cut=cut,
-                  seconds=time.perf_counter() - t_start)
-    return SSoGBound(H=H, W=W, lower=lower, upper=upper, upper_probabilistic=up_prob,
-                     failure_probability=failure_probability, exact=exact, exact_reason=reason,
-                     resolution_free=rfree, closed_form=closed, circulant=circ.upper, gram=gram,
-                     seconds=seconds, method=method, info=info, seed=seed if o.probabilistic else None,
-                     margins=margins, best_method=best, budget=budget)
+    budget = dict(dataclasses.asdict(run.pl), budget_s=o.budget_s, deadline_s=o.deadline_s, cut=run.cut,
+                  seconds=time.perf_counter() - run.t_start)
+    return SSoGBound(H=run.H, W=run.W, lower=sp._scale_back(lower, q.log2_scale, up=False), upper=upper,
+                     upper_probabilistic=min(up_prob, upper), failure_probability=failure_probability,
+                     exact=run.exact, exact_reason=run.exact_reason,
+                     resolution_free=min(bounds.get("resolution_free", closed), closed), closed_form=closed,
+                     circulant=bounds["circulant"], gram=bounds.get("gram"), seconds=run.seconds, method=run.method,
+                     info=run.info, seed=seed if o.probabilistic else None, margins=run.margins, best_method=best,
+                     budget=budget)

@@ -25,6 +25,7 @@ import torch
 
 from .. import gaussian
 from . import spectral as sp
+from .cell_set import CellSet
 from ..rounding import cholesky_certifies  # Rump's Cholesky check (proofs/S2.md)
 
 PI_HI = math.nextafter(math.pi, math.inf)  # a float >= pi
@@ -36,7 +37,8 @@ class MajorantBound:
     """upper >= ||T||_2 (certified); estimate = lambda_max of the envelope's Toeplitz matrix before margins;
     cells: rectangles in the envelope; anchors: exact SVDs of S(w); rounds: refinement rounds; info holds the cells,
     certified_eigenvalue (mu >= lambda_max of the stored Toeplitz matrix, Cholesky-checked; upper = (mu + margin)
-    rounded up), symbol_max_upper and excess_estimate."""
+    rounded up), symbol_max_upper and excess_estimate; cut_short: the time_budget stopped the refinement (the bound is
+    certified all the same, only looser than the round budget would have made it)."""
     upper: float
     estimate: float
     cells: int
@@ -45,6 +47,7 @@ class MajorantBound:
     seconds: float
     margin: float
     info: dict
+    cut_short: bool = False
 
 
 def centre_error(u: float) -> float:
@@ -324,17 +327,136 @@ def _certify(t: torch.Tensor, H: int, W: int, lam: float, dtype) -> float:
     raise ValueError("the Toeplitz majorant's Cholesky certificate failed at every pad: not certified")
 
 
+# The refinement's round budget, in units of work: a round's anchors cost (anchors per round) C^3 each, so rounds =
+# MAJORANT_WORK / that, between 8 and 200. Counted, never read from a clock: the same call certifies the same bound
+# on a busy and on a quiet machine. 66 rounds at C = 384 (where a 45 s limit allowed 35-51 on 2 cores), 200 (the
+# old cap) up to C = 256, where the stopping rules (rtol, stall, max_cells, beat) end the runs measured first.
+MAJORANT_WORK = 3e10
+
+
+def _anchor_count(C: int) -> int:
+    """Anchors per round: they pay where SVDs are cheap (small C), so more per round there."""
+    return max(8, min(32, int(4e7 / C ** 3)))
+
+
+def planned_rounds(C: int, scale: float = 1.0) -> int:
+    """Refinement rounds of `toeplitz_majorant` that fit MAJORANT_WORK * scale (scale: the certification's time
+    budget over the 60 s the constant was sized for), from the channel count alone; between 8 and 200."""
+    return int(max(8, min(200, MAJORANT_WORK * scale / (_anchor_count(C) * float(C) ** 3))))
+
+
+@dataclasses.dataclass
+class _Cells(CellSet):
+    """The envelope's cells on the half torus: centres w, half widths r (n, 2), c (n, h) and its gradient J (n, h, 2)
+    at the centres, anchored (an SVD was taken at the centre), level (halvings so far, <= MAX_LEVELS: centre_error),
+    centre bounds cb (n,) and corner bounds kb (n, 4)."""
+    w: torch.Tensor
+    r: torch.Tensor
+    c: torch.Tensor
+    J: torch.Tensor
+    anchored: torch.Tensor
+    level: torch.Tensor
+    cb: torch.Tensor
+    kb: torch.Tensor
+
+
+def _first_cells(q: sp.SSoGParams, model: CellModel, init_cells: int) -> _Cells:
+    """max(2, init_cells / 2) x init_cells cells on wy in [0, pi], wx in [-pi, pi]; s(-w) = s(w) covers the rest.
+
+    24 x 48 first cells by default: from a 8 x 16 grid the envelope of C = 384 layers stayed 4x above the symbol
+    at 64 x 64 for the whole budget (the top eigenvector sat on a few loose cells and each round split only those);
+    at C <= 192 the finer start reached the same bound 3x sooner."""
+    dt, dev = q.WV.dtype, q.WV.device
+    ny, nx = max(2, init_cells // 2), init_cells
+    cy = (torch.arange(ny, dtype=dt, device=dev) + 0.5) / ny * math.pi
+    cx = (-1 + (2 * torch.arange(nx, dtype=dt, device=dev) + 1) / nx) * math.pi
+    w = torch.stack(torch.meshgrid(cy, cx, indexing="ij"), -1).reshape(-1, 2)
+    r = torch.tensor([[math.pi / (2 * ny), math.pi / nx]], dtype=dt, device=dev).expand(w.shape[0], 2).clone()
+    c, J = sp.symbol_and_gradient(q, w[:, 0], w[:, 1])
+    sp._no_nan(c, "symbol coefficients"), sp._no_nan(J, "symbol gradients")
+    level = torch.zeros(w.shape[0], dtype=torch.long, device=dev)
+    return _bounded_cells(model, w, r, c, J, level)
+
+
+def _bounded_cells(model: CellModel, w, r, c, J, level) -> _Cells:
+    """Cells with their centre and corner bounds from the anchors so far, none anchored yet."""
+    anchored = torch.zeros(w.shape[0], dtype=torch.bool, device=w.device)
+    return _Cells(w, r, c, J, anchored, level, model.sn.bound(c), model.corner_bounds(c, J, _widen(r, model.p.u)))
+
+
+def _envelope_top(model: CellModel, cells: _Cells, H: int, W: int, v, steps: int, target: int):
+    """(lambda, eigenvector, spectral mass per cell) of T_N(s_up) for the envelope of the current cells."""
+    h = _widen(cells.r, model.p.u)
+    t, _ = toeplitz_coefficients(bilinear_coefficients(cells.kb, model.rho(h)), cells.w, h, H, W)
+    lam, v = _top_eigen(t, H, W, v, steps, target)
+    return lam, v, spectral_mass(v, cells.w, cells.r, H, W)
+
+
+def _settled(history: list, lam: float, rtol: float, excess_prev: float, sn: sp.SymbolNorm, cells: _Cells,
+             mass: torch.Tensor, beat_n: float | None, rounds: int) -> bool:
+    """The refinement no longer pays: it stalled while the envelope is already close to s, or the estimate of
+    v^T T_N(s) v, which no refinement can take the majorant below, exceeds the caller's bound beat_n."""
+    if len(history) > 4 and history[-5] - lam < 0.25 * rtol * lam and excess_prev < 0.05 * lam:
+        return True
+    if beat_n is not None and rounds > 0:
+        heavy = torch.topk(mass, min(256, mass.numel())).indices  # the other cells only add (s >= 0)
+        if float((mass[heavy] * _lower_estimate(sn, cells.c[heavy])).sum() / mass.sum()) > beat_n:
+            return True  # T_N(s_up) >= T_N(s) for every envelope: the caller's bound stays the better one
+    return False
+
+
+def _anchor_heavy_cells(model: CellModel, cells: _Cells, mass: torch.Tensor, rtol: float, k_anchor: int) -> bool:
+    """Exact SVDs at heavy centres whose bound is not yet explained by a nearby anchor (slack against the cheap lower
+    estimate |s1 + u1^* Delta v1| of the nearest anchors); the heavy cells' bounds tightened in place. True if any."""
+    sn, u = model.sn, model.p.u
+    cand = torch.nonzero(~cells.anchored).squeeze(1)
+    if not cand.numel():
+        return False
+    cand = cand[torch.topk(mass[cand], min(4 * k_anchor, cand.numel())).indices]
+    low = _lower_estimate(sn, cells.c[cand])
+    slack = mass[cand] * (cells.cb[cand] - low).clamp_min(0)
+    need = (cells.cb[cand] - low) > 0.25 * rtol * cells.cb[cand]
+    if not bool(need.any()):
+        return False
+    cand, slack = cand[need], slack[need]
+    pick = cand[torch.topk(slack, min(k_anchor, cand.numel())).indices]
+    sn.all_anchors()
+    sp._no_nan(sn.add_anchors(cells.c[pick]), "anchor singular values")
+    new = sn.anchors[-1]
+    cells.anchored[pick] = True
+    # the new anchors tighten the heavy cells (any subset of anchors gives valid bounds elsewhere)
+    hv = torch.topk(mass, min(4096, mass.numel())).indices
+    cells.cb[hv] = torch.minimum(cells.cb[hv], sn.bound(cells.c[hv], new))
+    cells.kb[hv] = torch.minimum(cells.kb[hv], model.corner_bounds(cells.c[hv], cells.J[hv], _widen(cells.r[hv], u),
+                                                                   new))
+    return True
+
+
+def _split(q: sp.SSoGParams, model: CellModel, cells: _Cells, split: torch.Tensor) -> _Cells:
+    """The cells with the `split` ones replaced by their 4 quarters."""
+    keep = torch.ones(cells.w.shape[0], dtype=torch.bool, device=cells.w.device)
+    keep[split] = False
+    rs = cells.r[split] / 2
+    wn = (cells.w[split][:, None, :] + model.corners[None] * rs[:, None, :]).reshape(-1, 2)
+    rn = rs[:, None, :].expand(-1, 4, -1).reshape(-1, 2)
+    cn, Jn = sp.symbol_and_gradient(q, wn[:, 0], wn[:, 1])
+    sp._no_nan(cn, "symbol coefficients")
+    return cells.take(keep).cat(_bounded_cells(model, wn, rn, cn, Jn, (cells.level[split] + 1).repeat_interleave(4)))
+
+
 def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, init_cells: int = 48,
-                      max_cells: int = 40000, max_rounds: int = 200, split_per_round: int = 512,
+                      max_cells: int = 40000, max_rounds: int | None = None, split_per_round: int = 512,
                       anchors_per_round: int | None = None, lanczos_steps: int = 120,
-                      time_budget: float = 45.0, sn: sp.SymbolNorm | None = None,
+                      time_budget: float | None = None, sn: sp.SymbolNorm | None = None,
                       beat: float | None = None, progress: bool = False, target: int = 0) -> MajorantBound:
     """Certified ||T||_2 <= lambda_max(T_N(s_up)) on an H x W grid (module docstring), with s_up a cellwise bilinear
     envelope of s(w) = ||S(w)|| refined adaptively where the top eigenvector of T_N(s_up) lives.
 
     Refinement stops when the estimated excess sum_j mass_j (cell bound - centre bound) is below rtol lambda, or at
-    max_rounds / max_cells / time_budget seconds; every stopping point gives a certified bound (coarser cells only
-    make it looser). sn, when given, must be built on normalised(p).
+    max_rounds (None: `planned_rounds` for the channel count) / max_cells; every stopping point gives a certified
+    bound (coarser cells only make it looser), and these are counts, so the bound does not depend on the machine.
+    time_budget: optional seconds; a run it stops early says so (cut_short). sn, when given, must be built on
+    normalised(p).
 
     beat (in p's units), when given, is a bound the caller already holds: refinement stops once the estimate
     sum_j mass_j s(centre_j) of v^T T_N(s) v (over the 256 heaviest cells), which no refinement can take the
@@ -347,98 +469,54 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     t0 = time.perf_counter()
     q = sp.normalised(p)
     sp.require_finite(q, "Toeplitz majorant")
-    dt, dev = q.WV.dtype, q.WV.device
-    u = q.u
     sn = sn if sn is not None else sp.SymbolNorm(q)
     model = CellModel(q, sn)
     beat_n = math.ldexp(beat, -q.log2_scale) if beat is not None else None
+    max_rounds = planned_rounds(q.dim) if max_rounds is None else max_rounds
+    k_anchor = anchors_per_round or _anchor_count(q.dim)
+    cells = _first_cells(q, model, init_cells)
+    v, rounds, history, excess_prev, cut_short = None, 0, [], math.inf, False
     from tqdm.auto import tqdm
-
-    # half torus wy in [0, pi], wx in [-pi, pi]; s(-w) = s(w) covers the other half
-    # 24 x 48 first cells by default: from a 8 x 16 grid the envelope of C = 384 layers stayed 4x above the symbol
-    # at 64 x 64 for the whole budget (the top eigenvector sat on a few loose cells and each round split only those);
-    # at C <= 192 the finer start reached the same bound 3x sooner
-    ny, nx = max(2, init_cells // 2), init_cells
-    cy = (torch.arange(ny, dtype=dt, device=dev) + 0.5) / ny * math.pi
-    cx = (-1 + (2 * torch.arange(nx, dtype=dt, device=dev) + 1) / nx) * math.pi
-    w = torch.stack(torch.meshgrid(cy, cx, indexing="ij"), -1).reshape(-1, 2)
-    r = torch.tensor([[math.pi / (2 * ny), math.pi / nx]], dtype=dt, device=dev).expand(w.shape[0], 2).clone()
-    c, J = sp.symbol_and_gradient(q, w[:, 0], w[:, 1])
-    sp._no_nan(c, "symbol coefficients"), sp._no_nan(J, "symbol gradients")
-    anchored = torch.zeros(w.shape[0], dtype=torch.bool, device=dev)
-    level = torch.zeros(w.shape[0], dtype=torch.long, device=dev)  # halvings so far (<= MAX_LEVELS: centre_error)
-    cb = sn.bound(c)
-    kb = model.corner_bounds(c, J, _widen(r, u))
-    # anchors pay where SVDs are cheap (small C): more per round there
-    k_anchor = anchors_per_round or max(8, min(32, int(4e7 / q.dim ** 3)))
-    v, lam, rounds, history, excess_prev = None, 0.0, 0, [], math.inf
     bar = tqdm(total=max_rounds, desc="Toeplitz majorant", disable=not progress, leave=False)
     while True:
-        h = _widen(r, u)
-        t, _ = toeplitz_coefficients(bilinear_coefficients(kb, model.rho(h)), w, h, H, W)
-        lam, v = _top_eigen(t, H, W, v, lanczos_steps, target)
-        mass = spectral_mass(v, w, r, H, W)
+        lam, v, mass = _envelope_top(model, cells, H, W, v, lanczos_steps, target)
         history.append(lam)
-        if rounds >= max_rounds or time.perf_counter() - t0 > time_budget:
+        if rounds >= max_rounds:
             break
-        if len(history) > 4 and history[-5] - lam < 0.25 * rtol * lam and excess_prev < 0.05 * lam:
-            break  # stalled while the envelope is already close to s: more cells no longer pay
-        if beat is not None and rounds > 0:
-            heavy = torch.topk(mass, min(256, mass.numel())).indices  # the other cells only add (s >= 0)
-            if float((mass[heavy] * _lower_estimate(sn, c[heavy])).sum() / mass.sum()) > beat_n:
-                break  # T_N(s_up) >= T_N(s) for every envelope: the caller's bound stays the better one
+        if time_budget is not None and time.perf_counter() - t0 > time_budget:
+            cut_short = True
+            break
+        if _settled(history, lam, rtol, excess_prev, sn, cells, mass, beat_n, rounds):
+            break
         rounds += 1
         bar.update(1)
-        # anchors: exact SVDs at heavy centres whose bound is not yet explained by a nearby anchor
-        # (slack against the cheap lower estimate |s1 + u1^* Delta v1| of the nearest anchors)
-        cand = torch.nonzero(~anchored).squeeze(1)
-        new_anchor = False
-        if cand.numel():
-            cand = cand[torch.topk(mass[cand], min(4 * k_anchor, cand.numel())).indices]
-            low = _lower_estimate(sn, c[cand])
-            slack = mass[cand] * (cb[cand] - low).clamp_min(0)
-            need = (cb[cand] - low) > 0.25 * rtol * cb[cand]
-            if bool(need.any()):
-                cand, slack = cand[need], slack[need]
-                pick = cand[torch.topk(slack, min(k_anchor, cand.numel())).indices]
-                sn.all_anchors()
-                sp._no_nan(sn.add_anchors(c[pick]), "anchor singular values")
-                new = sn.anchors[-1]
-                anchored[pick] = True
-                # the new anchors tighten the heavy cells (any subset of anchors gives valid bounds elsewhere)
-                hv = torch.topk(mass, min(4096, mass.numel())).indices
-                cb[hv] = torch.minimum(cb[hv], sn.bound(c[hv], new))
-                kb[hv] = torch.minimum(kb[hv], model.corner_bounds(c[hv], J[hv], _widen(r[hv], u), new))
-                new_anchor = True
+        new_anchor = _anchor_heavy_cells(model, cells, mass, rtol, k_anchor)
         # slack of the envelope over s on a cell: mean corner bound + remainder - centre bound (second order)
-        score = mass * (kb.mean(-1) + model.rho(_widen(r, u)) - cb).clamp_min(0) * (level < MAX_LEVELS)
+        score = (mass * (cells.kb.mean(-1) + model.rho(_widen(cells.r, q.u)) - cells.cb).clamp_min(0)
+                 * (cells.level < MAX_LEVELS))
         excess = excess_prev = float(score.sum())
         if excess <= rtol * lam and not new_anchor:
             break
-        if w.shape[0] + 3 * split_per_round > max_cells:
+        if cells.w.shape[0] + 3 * split_per_round > max_cells:
             break
-        k = min(split_per_round, w.shape[0])
-        top = torch.topk(score, k)
+        top = torch.topk(score, min(split_per_round, cells.w.shape[0]))
         split = top.indices[top.values >= 0.01 * float(top.values[0])]
         if excess <= rtol * lam or split.numel() == 0:
             continue
-        keep = torch.ones(w.shape[0], dtype=torch.bool, device=dev)
-        keep[split] = False
-        rs = r[split] / 2
-        wn = (w[split][:, None, :] + model.corners[None] * rs[:, None, :]).reshape(-1, 2)
-        rn = rs[:, None, :].expand(-1, 4, -1).reshape(-1, 2)
-        cn, Jn = sp.symbol_and_gradient(q, wn[:, 0], wn[:, 1])
-        sp._no_nan(cn, "symbol coefficients")
-        w, r = torch.cat([w[keep], wn]), torch.cat([r[keep], rn])
-        c, J = torch.cat([c[keep], cn]), torch.cat([J[keep], Jn])
-        cb = torch.cat([cb[keep], sn.bound(cn)])
-        kb = torch.cat([kb[keep], model.corner_bounds(cn, Jn, _widen(rn, u))])
-        anchored = torch.cat([anchored[keep], torch.zeros(wn.shape[0], dtype=torch.bool, device=dev)])
-        level = torch.cat([level[keep], (level[split] + 1).repeat_interleave(4)])
+        cells = _split(q, model, cells, split)
     bar.close()
-    h = _widen(r, u)
+    return _certified(q, model, cells, H, W, lam, v, mass, lanczos_steps, target,
+                      dict(rounds=rounds, seconds=time.perf_counter() - t0, cut_short=cut_short))
+
+
+def _certified(q: sp.SSoGParams, model: CellModel, cells: _Cells, H: int, W: int, lam: float, v, mass,
+               lanczos_steps: int, target: int, run: dict) -> MajorantBound:
+    """The final envelope's bound: lambda_max of its stored Toeplitz matrix certified by Cholesky, plus the rounding
+    of its entries and of reading the weights, scaled back to the layer's units."""
+    dt, u = q.WV.dtype, q.u
+    h = _widen(cells.r, u)
     rho = model.rho(h)
-    t, t_err = toeplitz_coefficients(bilinear_coefficients(kb, rho), w, h, H, W)
+    t, t_err = toeplitz_coefficients(bilinear_coefficients(cells.kb, rho), cells.w, h, H, W)
     sp._no_nan(t, "majorant Fourier coefficients")
     if H * W > 1024 or target > 0:  # a final accurate estimate so that the certificate needs little pad
         lam, _ = _top_eigen(t, H, W, v if target == 0 else None, max(lanczos_steps, 300))
@@ -447,15 +525,17 @@ def toeplitz_majorant(p: sp.SSoGParams, H: int, W: int, *, rtol: float = 1e-3, i
     margin = stored_matrix_error(t_err, H, W, dt) + q.conversion_error * q.magnitude()
     upper = sp._finite((mu + margin) * (1 + 2 * u), "Toeplitz majorant bound")
     e = q.log2_scale
+    excess = float((mass * (cells.kb.mean(-1) + rho - cells.cb).clamp_min(0)).sum())
     return MajorantBound(upper=sp._scale_back(upper, e, up=True), estimate=sp._scale_back(lam, e, up=False),
-                         cells=int(w.shape[0]), anchors=sn.num_svd, rounds=rounds,
-                         seconds=time.perf_counter() - t0, margin=sp._scale_back(margin, e, up=True),
-                         info=dict(cells=dict(centre=w, half_width=h, coefficients=bilinear_coefficients(kb, rho),
-                                              log2_scale=e),
+                         cells=int(cells.w.shape[0]), anchors=model.sn.num_svd, rounds=run["rounds"],
+                         seconds=run["seconds"], margin=sp._scale_back(margin, e, up=True),
+                         info=dict(cells=dict(centre=cells.w, half_width=h,
+                                              coefficients=bilinear_coefficients(cells.kb, rho), log2_scale=e),
                                    certified_eigenvalue=sp._scale_back(mu, e, up=True),
-                                   symbol_max_upper=sp._scale_back(float((kb.max(-1).values + rho).max()), e, up=True),
-                                   excess_estimate=sp._scale_back(
-                                       float((mass * (kb.mean(-1) + rho - cb).clamp_min(0)).sum()), e, up=True)))
+                                   symbol_max_upper=sp._scale_back(float((cells.kb.max(-1).values + rho).max()), e,
+                                                                   up=True),
+                                   excess_estimate=sp._scale_back(excess, e, up=True)),
+                         cut_short=run["cut_short"])
 
 
 def toeplitz_majorant_bound(p: sp.SSoGParams, H: int, W: int, **kw) -> float:
