@@ -39,9 +39,14 @@ GROUPS = {
                   ["tests/test_attention_bounds.py", "tests/test_probe.py"],
                   "not growth_ti and not probe_values_equal and not jacobian_formula"),
     "gaussian": (["lipcheck/gaussian.py"], ["tests/test_gaussian.py"], None),
-    "spectral": (["lipcheck/bounds/spectral.py"], ["tests/test_bounds.py"], "not default_settings_close"),
+    # the spectral primitives, one module per job since the split of spectral.py
+    "spectral": (["lipcheck/bounds/spectral.py", "lipcheck/bounds/params.py", "lipcheck/bounds/fast_operator.py",
+                  "lipcheck/bounds/margins.py", "lipcheck/bounds/derivatives.py", "lipcheck/bounds/anchor.py",
+                  "lipcheck/bounds/krylov.py", "lipcheck/bounds/gram.py", "lipcheck/bounds/cell_set.py"],
+                 ["tests/test_bounds.py"], "not default_settings_close"),
     # the entry point above the methods: options, the size rule, the choice of the tightest bound
-    "lipschitz": (["lipcheck/bounds/lipschitz.py"], ["tests/test_bounds.py", "tests/test_certify_default.py"],
+    "lipschitz": (["lipcheck/bounds/lipschitz.py", "lipcheck/bounds/options.py"],
+                  ["tests/test_bounds.py", "tests/test_certify_default.py", "tests/test_budget_units.py"],
                   "not default_settings_close"),
     "wellposed": (["lipcheck/wellposed/*"], ["tests/test_wellposed.py", "tests/test_enclosure.py"], None),
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
