@@ -8,7 +8,7 @@ also runs SDPA serves SSoG's temporaries from a heap SDPA grew, which a user's S
 workers take turns, block by block, for many rounds, so that every variant sees the same machine load; the table
 gives medians over rounds, the per-round paired ratios' medians, and minor page faults per forward
 (getrusage). "SSoG before" is the library with its reused inference buffers switched off
-(ssog.WORKSPACE_MAX_BYTES = 0). Whether a plain process pays for fresh pages depends on where its heap's small
+(workspace.WORKSPACE_MAX_BYTES = 0). Whether a plain process pays for fresh pages depends on where its heap's small
 blocks happen to lie (glibc trims the free top of the heap only when nothing lives above it), which differs from
 one process to the next: --sets N measures N fresh sets of workers per configuration.
 
@@ -36,13 +36,13 @@ def worker(spec: dict) -> None:
     import resource
 
     import torch
-    from lipcheck.mixers import DenseAttention, SSoG, ssog
+    from lipcheck.mixers import DenseAttention, SSoG, workspace
 
     if spec["tuned"]:  # bench.py's CACHING_MALLOC_ENV, applied at run time (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)
         libc = ctypes.CDLL("libc.so.6")
         assert libc.mallopt(-3, 32 << 20) == 1 and libc.mallopt(-1, 2**31 - 1) == 1
     if spec["variant"] == "before":
-        ssog.WORKSPACE_MAX_BYTES = 0
+        workspace.WORKSPACE_MAX_BYTES = 0
     torch.set_num_threads(1)
     torch.manual_seed(0)
     g, C, h, B = spec["grid"], spec["dim"], spec["heads"], spec["batch"]

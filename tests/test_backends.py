@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from lipcheck import gaussian
 from lipcheck.mixers import ssog
+from lipcheck.mixers.backends import stacked
 from lipcheck.mixers.ssog import (BACKENDS, SSoG, backend_costs, choose_backend, fft_size, operator_matrices,
                                   ssog_mix, truncation_radius)
 
@@ -46,14 +47,14 @@ def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
     ref = dense_mix(v, alpha, mu, sigma)
     ref_grads = grads(dense_mix, v, alpha, mu, sigma, R)
     scale = max(1.0, float(ref.abs().max()))
-    fuse, chunk = ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES
+    fuse, chunk = stacked.FUSE_HEADS_TOKENS, stacked.STACKED_CHUNK_BYTES
     per_element = H * W * M * d * v.element_size()  # bytes of one batch element's intermediate, per head
     # the stacked backend per head (whole batch, chunks of one and of two batch elements) and all heads in one call
     variants = [(n, fuse, chunk) for n in BACKENDS] + [("stacked", 0, 10**12), ("stacked", 0, 1),
                                                         ("stacked", 0, 2 * per_element), ("stacked", 10**9, chunk)]
     try:
         for name, fuse_tokens, chunk_bytes in variants:
-            ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES = fuse_tokens, chunk_bytes
+            stacked.FUSE_HEADS_TOKENS, stacked.STACKED_CHUNK_BYTES = fuse_tokens, chunk_bytes
             fn = lambda *a, name=name: ssog_mix(*a, backend=name)
             out = fn(v, alpha, mu, sigma)
             assert out.shape == ref.shape
@@ -61,7 +62,7 @@ def test_backends_equal_dense_forward_and_backward(H, W, h, M, d, B, seed):
             for which, gb, gr in zip(("x", "alpha", "mu", "sigma"), grads(fn, v, alpha, mu, sigma, R), ref_grads):
                 assert (gb - gr).abs().max() <= TOL * max(1.0, float(gr.abs().max())), (name, which, fuse_tokens)
     finally:
-        ssog.FUSE_HEADS_TOKENS, ssog.STACKED_CHUNK_BYTES = fuse, chunk
+        stacked.FUSE_HEADS_TOKENS, stacked.STACKED_CHUNK_BYTES = fuse, chunk
 
 
 @settings(deadline=None, max_examples=12)
@@ -78,23 +79,23 @@ def test_stacked_transposed_layout_equals_dense(H, W, h, M, d, B, seed):
     GW, GH = ssog._prepare_stacked(H, W, alpha, mu, sigma, *ssog._axis_taps(H, W, mu, sigma))
     scale = max(1.0, float(ref.abs().max()))
     for _ in range(2):  # the second call reads the reordered factors kept on GW
-        assert (ssog._stacked_transposed(v, GW, GH) - ref).abs().max() <= TOL * scale
+        assert (stacked._stacked_transposed(v, GW, GH) - ref).abs().max() <= TOL * scale
     # the same GW with another GH (alpha doubled) must not be served the reordered factors of the first
-    assert (ssog._stacked_transposed(v, GW, 2 * GH) - 2 * ref).abs().max() <= 2 * TOL * scale
+    assert (stacked._stacked_transposed(v, GW, 2 * GH) - 2 * ref).abs().max() <= 2 * TOL * scale
     taken, n = [], B * H * W
-    saved = ssog._stacked_transposed, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, torch.get_num_threads()
-    ssog._stacked_transposed = lambda *a: taken.append(1) or saved[0](*a)
-    ssog.FUSE_HEADS_TOKENS = n - 1
+    saved = stacked._stacked_transposed, stacked.FUSE_HEADS_TOKENS, stacked.TRANSPOSED_MAX_TOKENS, torch.get_num_threads()
+    stacked._stacked_transposed = lambda *a: taken.append(1) or saved[0](*a)
+    stacked.FUSE_HEADS_TOKENS = n - 1
     try:
         for threads, limit, grad, expect in [(2, n, False, 1), (1, n, False, 0), (2, n - 1, False, 0), (2, n, True, 0)]:
             torch.set_num_threads(threads)
-            ssog.TRANSPOSED_MAX_TOKENS = limit
+            stacked.TRANSPOSED_MAX_TOKENS = limit
             taken.clear()
             out = ssog._apply_stacked(v.clone().requires_grad_(grad), GW, GH)
             assert len(taken) == expect, (threads, limit, grad)
             assert (out - ref).abs().max() <= TOL * scale
     finally:
-        ssog._stacked_transposed, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS = saved[:3]
+        stacked._stacked_transposed, stacked.FUSE_HEADS_TOKENS, stacked.TRANSPOSED_MAX_TOKENS = saved[:3]
         torch.set_num_threads(saved[3])
 
 
@@ -113,28 +114,28 @@ def test_stacked_column_blocks_equal_dense(H, W, h, M, d, blocks, seed):
     GW, GH = ssog._prepare_stacked(H, W, alpha, mu, sigma, *ssog._axis_taps(H, W, mu, sigma))
     scale = max(1.0, float(ref.abs().max()))
     taken, n = [], H * W
-    saved = (ssog._stacked_column_blocks, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS, ssog.Y_COLUMN_BLOCKS,
+    saved = (stacked._stacked_column_blocks, stacked.FUSE_HEADS_TOKENS, stacked.TRANSPOSED_MAX_TOKENS, stacked.Y_COLUMN_BLOCKS,
              torch.get_num_threads())
-    ssog.Y_COLUMN_BLOCKS = blocks
+    stacked.Y_COLUMN_BLOCKS = blocks
     try:
         for b in range(2):
-            out = ssog._stacked_column_blocks(v[b:b + 1], GW, GH)
+            out = stacked._stacked_column_blocks(v[b:b + 1], GW, GH)
             assert out.shape == (1, H, W, h, d)
             assert (out - ref[b:b + 1]).abs().max() <= TOL * scale
-        ssog._stacked_column_blocks = lambda *a: taken.append(1) or saved[0](*a)
-        ssog.FUSE_HEADS_TOKENS = 0
+        stacked._stacked_column_blocks = lambda *a: taken.append(1) or saved[0](*a)
+        stacked.FUSE_HEADS_TOKENS = 0
         for threads, limit, batch, grad, expect in [(2, n - 1, 1, False, 1), (1, n - 1, 1, False, 0),
                                                     (2, n, 1, False, 0), (2, n - 1, 2, False, 0),
                                                     (2, n - 1, 1, True, 0)]:
             torch.set_num_threads(threads)
-            ssog.TRANSPOSED_MAX_TOKENS = limit
+            stacked.TRANSPOSED_MAX_TOKENS = limit
             taken.clear()
             out = ssog._apply_stacked(v[:batch].clone().requires_grad_(grad), GW, GH)
             assert len(taken) == expect, (threads, limit, batch, grad)
             assert (out - ref[:batch]).abs().max() <= TOL * scale
     finally:
-        (ssog._stacked_column_blocks, ssog.FUSE_HEADS_TOKENS, ssog.TRANSPOSED_MAX_TOKENS,
-         ssog.Y_COLUMN_BLOCKS) = saved[:4]
+        (stacked._stacked_column_blocks, stacked.FUSE_HEADS_TOKENS, stacked.TRANSPOSED_MAX_TOKENS,
+         stacked.Y_COLUMN_BLOCKS) = saved[:4]
         torch.set_num_threads(saved[4])
 
 
@@ -172,10 +173,10 @@ def test_transposed_layout_factors_follow_the_kernels():
     layer = SSoG(6, 2, 2, backend="stacked", dtype=F64).eval()
     layer.thread_policy = None
     x = torch.randn(2, 3, 5, 6, dtype=F64)
-    threads, fuse = torch.get_num_threads(), ssog.FUSE_HEADS_TOKENS
+    threads, fuse = torch.get_num_threads(), stacked.FUSE_HEADS_TOKENS
     try:
         torch.set_num_threads(2)
-        ssog.FUSE_HEADS_TOKENS = 0
+        stacked.FUSE_HEADS_TOKENS = 0
         for change in (None, "in place", "setter"):
             with torch.no_grad():
                 if change == "in place":
@@ -189,7 +190,7 @@ def test_transposed_layout_factors_follow_the_kernels():
                     assert (out - ref).abs().max() <= TOL * max(1.0, float(ref.abs().max())), change
     finally:
         torch.set_num_threads(threads)
-        ssog.FUSE_HEADS_TOKENS = fuse
+        stacked.FUSE_HEADS_TOKENS = fuse
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from lipcheck import DenseAttention, SSoG
 from lipcheck.mixers import ssog
+from lipcheck.mixers.backends import stacked
 from lipcheck.mixers.ssog import ssog_mix
 from lipcheck.models.vit import Block
 
@@ -225,7 +226,7 @@ def test_cached_kernel_gradients_equal_the_dense_definition(backend, trainable, 
     equal those of the dense reference built afresh from the parameters, whichever kernel parameters train.
     The stacked backend runs both of its layouts: all heads in one call (small problems) and per head."""
     if backend == "stacked per head":
-        monkeypatch.setattr(ssog, "FUSE_HEADS_TOKENS", 0)
+        monkeypatch.setattr(stacked, "FUSE_HEADS_TOKENS", 0)
         backend = "stacked"
     layer = random_ssog(6, 3, 2, seed=13)
     layer.backend = backend
@@ -249,7 +250,7 @@ def test_cached_kernel_gradients_equal_the_dense_definition(backend, trainable, 
 @pytest.mark.parametrize("backend", ["matmul", "stacked", "stacked per head"])
 def test_cached_kernel_double_backward_matches_the_dense_definition(backend, monkeypatch):
     if backend == "stacked per head":
-        monkeypatch.setattr(ssog, "FUSE_HEADS_TOKENS", 0)
+        monkeypatch.setattr(stacked, "FUSE_HEADS_TOKENS", 0)
         backend = "stacked"
     layer = random_ssog(4, 2, 2, seed=21)
     layer.backend = backend

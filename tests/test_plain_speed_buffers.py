@@ -1,4 +1,4 @@
-"""SSoG's inference forward with its reused per-thread buffers (ssog.WORKSPACE_MAX_BYTES) against the dense
+"""SSoG's inference forward with its reused per-thread buffers (workspace.WORKSPACE_MAX_BYTES) against the dense
 definition sum_h K_h X P_h + b: across calls with other inputs and shapes, in every layout that writes into the
 buffers, under no_grad and inference mode, from two threads at once; and autograd untouched by them."""
 import math
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lipcheck import SSoG
-from lipcheck.mixers import ssog
+from lipcheck.mixers import ssog, workspace
+from lipcheck.mixers.backends import stacked
 
 D = torch.float64
 TOL = 1e-11
@@ -43,8 +44,8 @@ def dense_reference(layer, x):
 @pytest.fixture
 def small_workspace(monkeypatch):
     """The buffers on grids small enough for the dense operator: every call above 0 tokens takes them."""
-    monkeypatch.setattr(ssog, "FUSE_HEADS_TOKENS", 0)
-    monkeypatch.setattr(ssog, "WORKSPACE_MAX_BYTES", 64 << 20)
+    monkeypatch.setattr(stacked, "FUSE_HEADS_TOKENS", 0)
+    monkeypatch.setattr(workspace, "WORKSPACE_MAX_BYTES", 64 << 20)
     ssog.clear_workspace()
     threads = torch.get_num_threads()
     yield
@@ -63,8 +64,8 @@ def _held():
 @pytest.mark.parametrize("mode", ["no_grad", "inference"])
 def test_reused_buffers_equal_dense_across_calls_and_shapes(small_workspace, monkeypatch, threads, transposed_max,
                                                            mode):
-    monkeypatch.setattr(ssog, "TRANSPOSED_MAX_TOKENS", transposed_max)
-    monkeypatch.setattr(ssog, "Y_COLUMN_BLOCKS", 2)
+    monkeypatch.setattr(stacked, "TRANSPOSED_MAX_TOKENS", transposed_max)
+    monkeypatch.setattr(stacked, "Y_COLUMN_BLOCKS", 2)
     torch.set_num_threads(threads)
     layer = random_ssog(12, 3, 2, seed=1)
     g = torch.Generator().manual_seed(2)
@@ -97,7 +98,7 @@ def test_float32_layer_matches_the_layer_without_buffers(small_workspace, monkey
     with torch.no_grad():
         got = [layer(x) for x in xs]
         assert _held()["v"].dtype == torch.float32
-        monkeypatch.setattr(ssog, "WORKSPACE_MAX_BYTES", 0)
+        monkeypatch.setattr(workspace, "WORKSPACE_MAX_BYTES", 0)
         ref = [layer(x) for x in xs]
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
 
@@ -171,5 +172,5 @@ def test_a_call_while_the_buffers_are_in_use_gets_none():
     again = ssog._take_workspace(key, 0)
     ssog._give_workspace(again)
     assert again is ws
-    assert ssog._take_workspace(key, ssog.WORKSPACE_MAX_BYTES + 1) is None  # too large: never kept
+    assert ssog._take_workspace(key, workspace.WORKSPACE_MAX_BYTES + 1) is None  # too large: never kept
     ssog.clear_workspace()

@@ -16,16 +16,14 @@ are importable from here as well.
 from __future__ import annotations
 
 import math
-import sys
 import time
-import types
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import gaussian
-from . import kernel_cache, workspace
+from . import workspace
 from .backends import BACKENDS, stacked
 from .kernel_cache import _FUNCTORCH, _PEEK_STACK, KernelCache
 from .taps import SIGMA_FLOOR, _effective_sigma, axis_factors
@@ -246,33 +244,3 @@ class SSoG(KernelCache, nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, components={self.num_components}, backend={self.backend}"
-
-
-# Tuning constants and stacked layouts that scripts and tests set through this module (`ssog.WORKSPACE_MAX_BYTES
-# = 0` switches the reused buffers off): each lives in the module that reads it, and reading or assigning it
-# here reads or assigns it there.
-_HOMES = {**dict.fromkeys(("FUSE_HEADS_TOKENS", "TRANSPOSED_MAX_TOKENS", "Y_COLUMN_BLOCKS", "STACKED_CHUNK_BYTES",
-                           "_stacked_transposed", "_stacked_column_blocks"), stacked),
-          "WORKSPACE_MAX_BYTES": workspace, "CHOICE_REFRESH": kernel_cache}
-
-
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(home, name)
-
-
-class _SettingsModule(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        home = _HOMES.get(name)
-        if home is None:
-            super().__setattr__(name, value)
-        else:
-            setattr(home, name, value)
-
-    def __dir__(self):
-        return sorted(set(super().__dir__()) | set(_HOMES))
-
-
-sys.modules[__name__].__class__ = _SettingsModule
