@@ -1,5 +1,6 @@
-"""The house: lipcheck's imports flow one way (no module reaches, through any chain of imports, back to itself),
-and an installed package needs nothing from the source checkout."""
+"""The house: lipcheck's imports flow one way (no module reaches, through any chain of imports, back to itself, and
+none imports a layer above its own), an installed package needs nothing from the source checkout, and no file or
+function is too long to read."""
 import ast
 from pathlib import Path
 
@@ -91,3 +92,54 @@ def test_the_package_reads_nothing_from_the_checkout():
         text = f.read_text()
         assert "spec_from_file_location" not in text, f
         assert '"experiments"' not in text and "'experiments'" not in text, f
+
+
+# The layers of docs/architecture.md, bottom to top: a module may import its own layer and those below it only.
+LAYERS = [
+    {"gaussian", "rounding", "symbolic", "threads", "files"},
+    {"mixers"},
+    {"models"},
+    {"bounds", "probe", "wellposed", "bench", "bench_process", "bench_stats", "bench_results", "train", "data",
+     "checkpoint", "certification"},
+    {"verdicts"},
+    {"report", "reports"},
+    {"commands"},
+    {"cli"},
+]
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # the package's __init__: the public API, which may reach anything lazily
+    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), None)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if m != "lipcheck" and layer(m) is None] == []
+
+
+def test_the_layer_rule_sees_the_graph():
+    """The rule is read from real edges: models import mixers (a layer below), and the reverse would be flagged."""
+    edges = import_graph()
+    assert "lipcheck.mixers.ssog" in edges["lipcheck.models.vit"]
+    assert layer("lipcheck.mixers.ssog") < layer("lipcheck.models.vit") < layer("lipcheck.bounds.spectral")
+    assert layer("lipcheck.reports.certify") < layer("lipcheck.commands.certify") < layer("lipcheck.cli")
+
+
+def test_no_module_imports_a_layer_above_it():
+    up = sorted((m, t) for m, ts in import_graph().items() for t in ts
+                if layer(m) is not None and layer(t) is not None and layer(t) > layer(m))
+    assert up == []
+
+
+def test_the_house_is_small_enough_to_read():
+    """No file in lipcheck/ over 600 lines, no function over 100, no experiment script over 200 (docs/architecture.md)."""
+    big_files = [(f.name, n) for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > 600]
+    long_functions = [(f.relative_to(PKG).as_posix(), node.name, node.end_lineno - node.lineno + 1)
+                      for f in PKG.rglob("*.py") for node in ast.walk(ast.parse(f.read_text()))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > 100]
+    scripts = [(f.name, n) for f in (PKG.parent / "experiments").glob("*.py")
+               if (n := len(f.read_text().splitlines())) > 200] if (PKG.parent / "experiments").is_dir() else []
+    assert (big_files, long_functions, scripts) == ([], [], [])
