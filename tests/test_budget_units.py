@@ -54,10 +54,10 @@ def test_a_generous_deadline_changes_nothing_a_spent_one_says_so():
 
 
 def test_round_budgets_come_from_the_sizes():
-    """The majorant's rounds: 200 (the old cap) for small C, fewer as (anchors per round) C^3 grows, never below 8,
+    """The majorant's rounds: 200 (the old cap) for small C, fewer as (anchors per round) C^3 grows, never below 12,
     scaled by budget_s; the plan carries them, the same for the same sizes."""
     assert mj.planned_rounds(48) == mj.planned_rounds(192) == 200
-    assert 60 <= mj.planned_rounds(384) < 200 and mj.planned_rounds(768) == 8
+    assert 60 <= mj.planned_rounds(384) < 200 and mj.planned_rounds(768) == 12
     assert mj.planned_rounds(384, scale=0.5) < mj.planned_rounds(384)
     assert plan(64, 64, 384, 3).majorant_rounds == mj.planned_rounds(384)
     assert plan(64, 64, 384, 3, CertifyOptions(budget_s=30)).majorant_rounds == mj.planned_rounds(384, 0.5)

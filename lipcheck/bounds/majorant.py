@@ -328,9 +328,10 @@ def _certify(t: torch.Tensor, H: int, W: int, lam: float, dtype) -> float:
 
 
 # The refinement's round budget, in units of work: a round's anchors cost (anchors per round) C^3 each, so rounds =
-# MAJORANT_WORK / that, between 8 and 200. Counted, never read from a clock: the same call certifies the same bound
-# on a busy and on a quiet machine. 66 rounds at C = 384 (where a 45 s limit allowed 35-51 on 2 cores), 200 (the
-# old cap) up to C = 256, where the stopping rules (rtol, stall, max_cells, beat) end the runs measured first.
+# MAJORANT_WORK / that, between 12 and 200. Counted, never read from a clock: the same call certifies the same bound
+# on a busy and on a quiet machine. 66 rounds at C = 384 (the 45 s limit it replaces allowed 35-51 in
+# docs/exactness.md's runs), 200 (the old cap) up to C = 256, where the stopping rules (rtol, stall, max_cells, beat)
+# end the runs first; never below 12 (C = 768: some 3-5 s a round on 2 cores, about what 45 s allowed; unmeasured).
 MAJORANT_WORK = 3e10
 
 
@@ -341,8 +342,8 @@ def _anchor_count(C: int) -> int:
 
 def planned_rounds(C: int, scale: float = 1.0) -> int:
     """Refinement rounds of `toeplitz_majorant` that fit MAJORANT_WORK * scale (scale: the certification's time
-    budget over the 60 s the constant was sized for), from the channel count alone; between 8 and 200."""
-    return int(max(8, min(200, MAJORANT_WORK * scale / (_anchor_count(C) * float(C) ** 3))))
+    budget over the 60 s the constant was sized for), from the channel count alone; between 12 and 200."""
+    return int(max(12, min(200, MAJORANT_WORK * scale / (_anchor_count(C) * float(C) ** 3))))
 
 
 @dataclasses.dataclass
