@@ -155,8 +155,8 @@ def _sym(X: _Approx) -> _Approx:
     return _Approx(S, _up(X.err + 2 * rounding.unit_roundoff(S.dtype) * X.fro))
 
 
-def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget: float = 15.0,
-                      max_rounds: int = 200):
+def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget: float | None = None,
+                      max_rounds: int | None = None):
     """(T_N(s_up) as stored (N x N), bound on its distance to the exact T_N(s_up), the majorant's result) for a
     certified even envelope s_up >= ||S(w)|| from lipcheck.bounds.majorant, in normalised(p)'s units, refined where
     the (k + 1)-th eigenvector of T_N(s_up) lives: what matters is delta, T_N(s_up) below its top k eigenvalues (the
@@ -472,8 +472,8 @@ def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) 
     return "gram" if ge.affordable(H, W) and gram_affordable(heads, kk, C) else "majorant"
 
 
-def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float = 15.0,
-                   max_rounds: int = 200, envelope=None, complement: str = "auto",
+def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float | None = None,
+                   max_rounds: int | None = None, envelope=None, complement: str = "auto",
                    envelope_budget: float | None = None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by deflation (module docstring) with k token functions.
 
@@ -482,8 +482,9 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     'majorant': the Toeplitz majorant's envelope (k default `default_k`) through Lemma D2 and Theorem D4 where its
     h^4 terms fit GRAM_BUDGET, else Theorem D3; or the envelope's own majorant where that is smaller. 'auto':
     `choose_complement` ('majorant' when an envelope is passed). info['upper_from'] names what gave the bound.
-    time_budget, max_rounds: the Toeplitz envelope's refinement (any stopping point is certified; max_rounds makes
-    the result independent of the machine's speed). envelope: (T_N, error, majorant result) from
+    time_budget, max_rounds: the Toeplitz envelope's refinement (any stopping point is certified). By default it runs
+    `majorant.planned_rounds` for the channel count and reads no clock, so the result does not depend on the
+    machine's speed or load; a time_budget that stops it early is reported by the envelope (cut_short). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls. envelope_budget: the circulant Gram envelope's budget for certified norms
     (gram_envelope.ENVELOPE_BUDGET by default)."""
     sp._check_grid_size(H, W)
