@@ -220,6 +220,7 @@ def test_stages_a_deadline_or_a_failure_stops_are_reported_and_the_rest_certifie
     exact = dense_norm(layer, 4, 5)
     r = ssog_lipschitz(layer, 4, 5, seed=2, deadline_s=1e-9)
     assert r.method["exact"] == "not computed" and "deadline" in r.exact_reason and r.exact is None
+    assert "exact" in r.budget["cut"] and r.cut_short
     assert exact <= r.upper * (1 + 1e-12)
     r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=False, majorant=True, deadline_s=600)
     assert "majorant" in r.seconds and not r.cut_short and exact <= r.upper * (1 + 1e-12)
@@ -232,3 +233,25 @@ def test_stages_a_deadline_or_a_failure_stops_are_reported_and_the_rest_certifie
     assert r.best_method != "deflated" and exact <= r.upper * (1 + 1e-12)
     with pytest.raises(ValueError, match="refused here"):  # asked for by name: the refusal stands
         ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=True)
+
+
+def test_the_dense_svd_without_the_gram_stage_builds_its_own_matrix():
+    """gram_max = 0: no earlier stage formed the dense operator, so the exact stage forms it; its value is the
+    norm of the layer's own forward pass (formed here) and the certified upper bound sits just above it."""
+    layer = layer_of(6, 2, 2, 3)
+    exact = dense_norm(layer, 4, 5)
+    r = ssog_lipschitz(layer, 4, 5, seed=2, gram_max=0)
+    assert r.exact == pytest.approx(exact, rel=1e-12)
+    assert exact <= r.upper <= exact * (1 + 1e-9) and r.best_method == "exact"
+
+
+def test_a_generous_deadline_leaves_the_deflated_bound_as_it_is():
+    """The deflated bound the size rule plans, with and without a far deadline: the same certified number from the
+    same stage (the deadline hands the envelope the seconds left, which never run out here). Equal to a few ulps,
+    not bit for bit: BLAS's summation order in the envelope's products can differ between two calls in one process."""
+    layer = layer_of(6, 2, 2, 3)
+    free = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0)
+    timed = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deadline_s=3600)
+    assert not free.method["deflated"].startswith("failed") and not timed.method["deflated"].startswith("failed")
+    assert timed.info["deflated"]["value"] == pytest.approx(free.info["deflated"]["value"], rel=1e-14)
+    assert timed.info["deflated"]["k"] == free.info["deflated"]["k"] and not timed.cut_short
