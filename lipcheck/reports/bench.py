@@ -392,8 +392,9 @@ def _top_resolution_md(rows: list[dict], must: dict) -> list[str]:
 
 def _backends_md(rows: list[dict]) -> list[str]:
     """How the SSoG backends compute, and which one `auto` chose per resolution."""
-    from lipcheck.mixers.ssog import (COST_WEIGHTS, FUSE_HEADS_TOKENS, TRANSPOSED_MAX_TOKENS, Y_COLUMN_BLOCKS,
-                                      ThreadPolicy)
+    from lipcheck.mixers.backends.cost import COST_WEIGHTS
+    from lipcheck.mixers.backends.stacked import FUSE_HEADS_TOKENS, TRANSPOSED_MAX_TOKENS, Y_COLUMN_BLOCKS
+    from lipcheck.mixers.thread_policy import ThreadPolicy
     policy = ThreadPolicy()
     used = sorted({(r["resolution"], r["ssog"]["backend"]) for r in rows if r["ssog"]["backend"]})
     return ["## SSoG backends", "",
