@@ -1307,3 +1307,36 @@ def test_head_norm_allowance_is_the_formula_of_proofs_S2(dt):
         assert abs(mpmath.mpf(float(got[i])) - each) <= 4 * u * each, (i, float(got[i]), each)
     closed = (each * mpmath.mpf(0.5) * 2) * (1 + g(p.alpha.shape[1] + p.num_heads + 2))
     assert abs(mpmath.mpf(spectral.closed_form_bound(p)) - closed) <= 8 * u * closed
+
+
+def test_interlacing_bound_assembles_its_margins_as_stated():
+    """gram._interlacing_bound(N, F, m), the Gram iteration's last level (proofs/S2.md): with V the computed top-m
+    eigenbasis, eta = ||V^T V - I||_F (1 + gamma_{m^2+2}) + 2 m gamma_n, eB = 2 gamma_{n+2} m (1 + eta) F (1 + gamma_4),
+    the verified extreme eigenvalues of the compression plus eB, its Frobenius norm less eB, and the result
+    sqrt(F^2 (1 + gamma_2) - tail) (1 + gamma_4): each margin recomputed here, and the bound above ||N||_2."""
+    from lipcheck import rounding
+    from lipcheck.bounds import gram
+
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(9, 9, generator=g, dtype=torch.float64)
+    N = A @ A.T
+    F = float(N.norm()) * (1 + 1e-15)
+    m = 3
+    u = 2.0 ** -53
+
+    def gam(k):
+        return k * u / (1 - k * u)
+
+    V = torch.linalg.qr(torch.linalg.eigh(N).eigenvectors[:, -m:]).Q
+    eta = float((V.T @ V - torch.eye(m, dtype=torch.float64)).norm()) * (1 + gam(m * m + 2)) + gam(9) * m * 2
+    Mh = V.T @ N @ V
+    Mh = (Mh + Mh.T) / 2
+    eB = 2 * gam(11) * m * (1 + eta) * F * (1 + gam(4))
+    lam1 = float(rounding.verified_lambda_max(Mh)) + eB
+    neg = max(float(rounding.verified_lambda_max(-Mh)) + eB, 0.0)
+    fro = max(float(Mh.norm()) * (1 - gam(m * m + 2)) - eB, 0.0)
+    tail = gram.interlacing_tail(fro, lam1, neg, m, eta, torch.float64)
+    want = math.sqrt(max(F ** 2 * (1 + gam(2)) - tail, 0.0)) * (1 + gam(4))
+    got = gram._interlacing_bound(N, F, m)
+    assert got == pytest.approx(want, rel=1e-15, abs=0)
+    assert got >= float(np.linalg.norm(N.numpy(), 2))

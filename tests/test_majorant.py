@@ -750,3 +750,28 @@ def test_cell_budget_initial_layout_and_a_callers_anchors():
     sn.add_anchors(mj.sp.symbol_coefficients(q, w, -w))
     m = mj.toeplitz_majorant(p, 3, 4, max_rounds=0, sn=sn)
     assert m.anchors == 3 and sn.num_svd == 3
+
+
+def test_envelope_coefficients_are_exactly_even():
+    """The envelope s_up(w) is even, so its Fourier coefficients must satisfy t[k, l] = t[-k, -l] bit for bit: each
+    pair is computed once (the half k > 0 or k = 0, l >= 0) and mirrored, so the stored T_N(s_up) is exactly
+    symmetric, which the Cholesky certificate needs."""
+    rng = np.random.default_rng(7)
+    p = params(*random_layer(rng, 2, 2, 2, 2.0, 3.0))
+    H, W = 4, 5
+    mb = mj.toeplitz_majorant(p, H, W, max_rounds=1)
+    cells = mb.info["cells"]
+    t, _ = mj.toeplitz_coefficients(cells["coefficients"], cells["centre"], cells["half_width"], H, W)
+    assert t.shape == (2 * H - 1, 2 * W - 1) and torch.equal(t, t.flip(0, 1))
+    assert float((t - t.flip(0, 1)).abs().max()) == 0.0 and float(t.abs().max()) > 0
+
+
+def test_the_default_round_budget_is_the_planned_one(monkeypatch):
+    """max_rounds=None: the refinement runs the rounds `planned_rounds` gives for the channel count (rtol = 0 so that
+    nothing but the budget stops it), and a count, not a clock, stops it."""
+    rng = np.random.default_rng(3)
+    p = params(*random_layer(rng, 2, 2, 2, 2.0, 3.0))
+    seen = []
+    monkeypatch.setattr(mj, "planned_rounds", lambda C, scale=1.0: seen.append(C) or 3)
+    mb = mj.toeplitz_majorant(p, 5, 5, rtol=0.0)
+    assert seen == [4] and mb.rounds == 3 and not mb.cut_short
