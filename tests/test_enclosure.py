@@ -1958,3 +1958,21 @@ def test_direct_options_are_frozen_and_the_log_norm_grid_follows_mu_slack():
     assert direct.lognorm_grid(dict(m=16, M2=0.0), inf, 0.25) == [0, 16]
     assert direct.lognorm_grid(dict(m=8, M2=1e9), inf, 0.25) == list(range(9))
     assert direct.lognorm_grid(dict(m=8, M2=math.inf), inf, 0.25) == list(range(9))
+
+
+def test_the_reference_keeps_the_callers_method_when_it_refines(monkeypatch):
+    """_reference_pieces: when the reference's sampled defect is above its target it is solved again on a finer
+    grid, with the same method and tolerance as the first solve (a refinement must not switch solvers)."""
+    from lipcheck.wellposed import enclosure as E
+    calls, defects = [], iter([1.0, 1e-9])
+
+    def fake_quartic(sf, x0, t1, method=None, tol=None, grid_steps=None):
+        calls.append((method, tol, grid_steps))
+        return [(0.0, t1)] * (grid_steps or 4), ["coef"] * (grid_steps or 4)
+
+    monkeypatch.setattr(E, "piecewise_quartic", fake_quartic)
+    monkeypatch.setattr(E, "_rough_distance", lambda *a: 1.0)
+    monkeypatch.setattr(E, "_sampled_defect", lambda sf, steps, coefs: next(defects))
+    (steps, _), target = E._reference_pieces(None, None, 1.0, ([], []), 1e-9, "bosh3", 0.1, 1e-3, 10 ** 6)
+    assert target == 1e-3 and [c[:2] for c in calls] == [("bosh3", 1e-9)] * 2
+    assert calls[0][2] is None and calls[1][2] == math.ceil(4 * 1.25 * (1.0 / 1e-3) ** 0.25) == len(steps)
