@@ -24,10 +24,10 @@ LINEAR = dict(img_size=12, patch_size=4, dim=12, num_heads=3, num_components=2, 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.one_thread
 
 
-def linear_model(seed=0, scale=0.3):
+def linear_model(seed=0, scale=0.3, **kw):
     """ODE ViT with F(x) = T x + b exactly: no LayerNorm, no MLP, frozen kernels."""
     torch.manual_seed(seed)
-    model = ViT("ode", "ssog", dtype=D, **LINEAR)
+    model = ViT("ode", "ssog", dtype=D, **{**LINEAR, **kw})
     layer = model.vector_field.block.mixer.freeze_kernels()
     with torch.no_grad():
         for p in (layer.v_proj.weight, layer.o_proj.weight):
@@ -87,6 +87,20 @@ def test_linear_sweep_reference_and_errors_match_expm():
     tight = {r["method"]: r["error"] for r in res.runs if r["tol"] == 1e-10}
     assert tight["dopri5"] < 1e-8 and tight["dopri8"] < 1e-8
     assert res.mixer == "ssog" and all(r["mixer"] == "ssog" for r in res.runs)
+
+
+def test_the_sweep_ends_on_t1_in_the_models_dtype():
+    """t1 = 0.3 is not a float32 number: the sweep's reference and runs must end on float64's 0.3 (expm there),
+    not on float32's 0.30000001 (a relative error of ~1e-8 in the end time would show as ~1e-8 in the state)."""
+    model, layer = linear_model(seed=2, t1=0.3)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    x0 = model.embed(images).detach()
+    A, _ = augmented_matrix(layer, 3, 3)
+    truth = exact(A, x0, 0.3)
+    res = wp.tolerance_sweep(model, images, ("dopri8",), (1e-10,), progress=False)
+    ref = res.reference.states[-1].reshape(1, -1).numpy()
+    assert model.t1 == 0.3 and np.linalg.norm(ref - truth) / np.linalg.norm(truth) < 1e-11
+    assert res.runs[0]["error"] < 1e-9
 
 
 def test_linear_gronwall_and_power_iteration_against_expm():
