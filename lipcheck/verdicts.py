@@ -276,44 +276,68 @@ ENCLOSE_TOL = 1e-6  # the solve every image's enclosure is built around (its ref
 
 
 def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: float | None = None,
-                   progress: bool = False, keep_center: bool = False) -> list[dict]:
-    """S5 as a proof on each image: `wellposed.enclose` one image at a time, and its actual error at t1 against
-    an independent converged solve (fixed-step dopri8, `wellposed.reference_solution`).
+                   progress: bool = False, keep_center: bool = False, batch: int = 1,
+                   batches: list[list[int]] | None = None) -> list[dict]:
+    """S5 as a proof on each image: `wellposed.enclose` on `batch` images at a time, and each image's actual error
+    at t1 against an independent converged solve (fixed-step dopri8, `wellposed.reference_solution`).
 
-    Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds, and where
-    not proven the reason. A model whose mixer the enclosure cannot take (dense attention: no bound on its
-    field's second derivative) is refused per image with that reason, not proven. keep_center: each row also
-    holds the enclosure's centre at t1 ("center_t1", a tensor) for checks against another solve."""
+    One enclose call per batch: one solve of the whole batch, its defects and point log-norms evaluated batched.
+    The batch shares the solver's steps, the sub-interval refinement and the variance floor of the field's
+    constants, so an image's radius depends on its batch mates (every one is still a proof) and on nothing else:
+    each batch starts from fresh eigenvector guesses. `batches`: the index lists into images to prove (default:
+    consecutive runs of `batch`; `lipcheck.shard` deals them out to processes); rows come in that order.
+
+    Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds (its share
+    of its batch's), and where not proven the reason. A model whose mixer the enclosure cannot take (dense
+    attention: no bound on its field's second derivative) is refused per image with that reason, not proven.
+    keep_center: each row also holds the enclosure's centre at t1 ("center_t1", a tensor) for checks against
+    another solve."""
     import time
 
-    from . import wellposed
+    from . import shard, wellposed
     block, x0, t1 = wellposed.prepare(model, images)
+    if batches is None:
+        batches = shard.batches(x0.shape[0], batch)
     t = time.perf_counter()
     try:  # the field's constants (||T||, curvature, LayerNorm's) once for every image
         field = wellposed.SSoGField(block, x0.shape[1], x0.shape[2])
     except TypeError as err:  # the field's curvature constant is not available for this mixer
         return [{"image": i, "proven": False, "refused": True, "reason": str(err), "t_proven": 0.0,
                  "radius_t1": math.inf, "actual_t1": None, "ratio_t1": None, "seconds": time.perf_counter() - t}
-                for i in range(x0.shape[0])]
+                for idx in batches for i in idx]
     constants_s = time.perf_counter() - t
     rows = []
-    for i in range(x0.shape[0]):
-        t = time.perf_counter()
-        field._cache = {}  # each image's eigenvector guesses start afresh
-        enc = wellposed.enclose_field(field, x0[i:i + 1], t1, tol=tol, max_seconds=max_seconds, progress=progress)
-        seconds = time.perf_counter() - t
-        finite = torch.isfinite(enc.radius[:, 0])
+    for idx in batches:
+        rows += _enclose_batch(field, block, x0[idx], t1, idx, tol=tol, max_seconds=max_seconds, progress=progress,
+                               keep_center=keep_center, constants_s=constants_s)
+    return rows
+
+
+def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, keep_center, constants_s) -> list[dict]:
+    """The rows of one batch of images (global indices idx): one enclose call, one reference solve."""
+    import time
+
+    from . import wellposed
+    t = time.perf_counter()
+    field._cache = {}  # eigenvector guesses start afresh: a batch's numbers do not depend on the batch before it
+    if getattr(field, "_dense", None) is not None:
+        field._dense.vec = None
+    enc = wellposed.enclose_field(field, x0, t1, tol=tol, max_seconds=max_seconds, progress=progress)
+    seconds = (time.perf_counter() - t) / len(idx)
+    ref = wellposed.reference_solution(block, x0, t1, rel_tol=1e-13, start_steps=64)
+    actual = wellposed.sample_norm(ref.states[-1] - enc.center[-1]).tolist()
+    rows = []
+    for b, i in enumerate(idx):
+        finite = torch.isfinite(enc.radius[:, b])
         last = int(finite.nonzero().max()) if bool(finite.any()) else -1
-        row = {"image": i, "proven": bool(enc.proven[0]), "refused": False, "reason": enc.reason[0],
-               "t_proven": float(enc.t[last]) if last >= 0 else 0.0, "radius_t1": float(enc.radius[-1, 0]),
-               "radius_proven": float(enc.radius[last, 0]) if last >= 0 else math.inf, "seconds": seconds,
-               "constants_s": constants_s}
-        ref = wellposed.reference_solution(block, x0[i:i + 1], t1, rel_tol=1e-13, start_steps=64)
-        actual = float(wellposed.sample_norm(ref.states[-1] - enc.center[-1])[0])
-        row.update(actual_t1=actual, reference_error=float(ref.abs_error.max()),
-                   ratio_t1=row["radius_t1"] / actual if actual > 0 else math.inf,
-                   inside=bool(actual <= row["radius_t1"]))
+        row = {"image": i, "proven": bool(enc.proven[b]), "refused": False, "reason": enc.reason[b],
+               "t_proven": float(enc.t[last]) if last >= 0 else 0.0, "radius_t1": float(enc.radius[-1, b]),
+               "radius_proven": float(enc.radius[last, b]) if last >= 0 else math.inf, "seconds": seconds,
+               "batch": len(idx), "constants_s": constants_s, "actual_t1": actual[b],
+               "reference_error": float(ref.abs_error[:, b].max())}
+        row.update(ratio_t1=row["radius_t1"] / actual[b] if actual[b] > 0 else math.inf,
+                   inside=bool(actual[b] <= row["radius_t1"]))
         if keep_center:
-            row["center_t1"] = enc.center[-1, 0]
+            row["center_t1"] = enc.center[-1, b]
         rows.append(row)
     return rows

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from lipcheck import checkpoint as C
-from lipcheck import report, verdicts
+from lipcheck import report, shard, verdicts
 from lipcheck import train as T
 from lipcheck.reports import trained as trained_report
-from lipcheck.reports.trained import (blocks_table, certificate_line, enclosure_table, probe_table,
-                                      ssog_table, sweep_table)
+from lipcheck.reports.trained import (blocks_table, certificate_line, enclosure_summary, probe_table, ssog_table,
+                                      sweep_table)
 
 from . import common
 from .common import fail, set_threads
@@ -40,17 +40,18 @@ SETTINGS = {
                  probe=dict(restarts=6, steps=12, certify_steps=30, certify_top=1)),
 }
 BAD_INPUT = (FileNotFoundError, C.CheckpointError, ValueError)
+DEFAULT_BATCH = 8  # images per enclose call (`--batch`): one solve, one defect and log-norm pass for all of them
 
 
-def enclosure_verdict(rows: list[dict], mixer: str) -> tuple[str, str]:
+def enclosure_verdict(rows: list[dict], mixer: str, noun: str = "images") -> tuple[str, str]:
     proven = sum(r["proven"] for r in rows)
     ratios = [r["ratio_t1"] for r in rows if r["proven"] and r["ratio_t1"] is not None]
     if proven == len(rows):
-        return "holds", (f"Proven enclosure of the true trajectory on [0, t1] for {proven}/{len(rows)} images; "
+        return "holds", (f"Proven enclosure of the true trajectory on [0, t1] for {proven}/{len(rows)} {noun}; "
                          f"radius / actual error at t1 {min(ratios):.3g}-{max(ratios):.3g}.")
     if all(r.get("refused") for r in rows):
         return "not run", (f"Refused for the {mixer} field: {rows[0]['reason']}")
-    return "partial", f"Proven on [0, t1] for {proven}/{len(rows)} images; the others' reasons are in the table."
+    return "partial", f"Proven on [0, t1] for {proven}/{len(rows)} {noun}; the others' reasons are in the table."
 
 
 def _certify(ckpt, args, cfg) -> dict:
@@ -71,30 +72,48 @@ def _certify(ckpt, args, cfg) -> dict:
     return {"md": md, "data": res, "verdict": v}
 
 
-def _wellposed(ckpt, args, cfg) -> dict:
+def _wellposed(ckpt, args, cfg) -> dict | None:
     if ckpt.variant != "ode":
         raise ValueError(f"checkpoint {str(ckpt.path)!r} holds a {ckpt.variant} model; wellposed needs an ODE "
                          f"model: train one with `lipcheck train --variant ode`")
     images = _images(ckpt, args, cfg)
-    encl = verdicts.enclose_images(ckpt.model, images, max_seconds=args.max_seconds, progress=not args.no_progress)
-    status, number = enclosure_verdict(encl, ckpt.mixer)
+    encl, run = _enclose_sharded(ckpt.model, images, args)
+    if run["rank"] != 0:  # one report, from rank 0
+        return None
+    noun = "test images" if run["all_test_images"] else "images"
+    status, number = enclosure_verdict(encl, ckpt.mixer, noun)
     v = report.verdict(f"S5, Picard-Lindelof on this {ckpt.mixer} ODE model: the true trajectory of each image is "
                        f"enclosed (a computer-assisted proof)", status, number)
     md = [f"# wellposed: {ckpt.variant}/{ckpt.mixer}, epoch {ckpt.epoch}, {ckpt.path}", "",
-          "## Proven enclosure per image (lipcheck.wellposed.enclose)", "", enclosure_table(encl), "",
+          *enclosure_summary(encl, run, t1=float(ckpt.model.t1), noun=noun), "",
           f"The solve is dopri5 at tol {verdicts.ENCLOSE_TOL:g} with a reference solve enclosed at tol * 1e-3; "
           "the actual error is against an independent fixed-step dopri8 solve converged to 1e-13 (proofs/S5.md)."
-          + (f" The field's constants (||T||, curvature, LayerNorm) took {encl[0]['constants_s']:.1f} s once, "
-             "beside each image's seconds." if encl and "constants_s" in encl[0] else ""), ""]
-    data = {"enclosure": encl}
+          + (f" The field's constants (||T||, curvature, LayerNorm) took {encl[0]['constants_s']:.1f} s once per "
+             "process, beside each image's seconds." if encl and "constants_s" in encl[0] else ""), ""]
+    data = {"enclosure": encl, "run": run}
     if not args.enclosure_only:
-        res = well_posed(ckpt.model, images, cfg, progress=not args.no_progress)
+        few = images[:cfg["images"]] if run["all_test_images"] else images  # the sweep is a check, not a proof
+        res = well_posed(ckpt.model, few, cfg, progress=not args.no_progress)
         g = res["growth"]
-        md += ["## Tolerance sweep against a converged reference", "", sweep_table(res["sweep"]), "",
-               f"Gronwall: L local {g['L_local']:.4g}, L global {g['L_global']:.4g}; max growth {g['max_growth']}; "
-               f"envelope violations {g['violations']}", "", certificate_line(res["certificate"])]
+        md += [f"## Tolerance sweep against a converged reference ({len(few)} images)", "", sweep_table(res["sweep"]),
+               "", f"Gronwall: L local {g['L_local']:.4g}, L global {g['L_global']:.4g}; max growth "
+               f"{g['max_growth']}; envelope violations {g['violations']}", "", certificate_line(res["certificate"])]
         data.update(res)
-    return {"md": md, "data": data, "verdict": v}
+    return {"md": md, "data": data, "verdict": v, "name": "wellposed_all" if run["all_test_images"] else None}
+
+
+def _enclose_sharded(model, images, args) -> tuple[list[dict], dict]:
+    """Every image's enclosure row, in batches of --batch dealt out over the torchrun processes (one process
+    without torchrun), gathered on every rank; and how the run was split, with its wall time."""
+    start = time.perf_counter()
+    batch = args.batch or DEFAULT_BATCH
+    with shard.processes(next(model.parameters()).device) as info:
+        plan = shard.batches(len(images), batch)
+        mine = verdicts.enclose_images(model, images, batches=shard.share(plan, info.rank, info.world_size),
+                                       max_seconds=args.max_seconds, progress=not args.no_progress and info.is_main)
+        rows = shard.gather(mine, info, len(images))
+    return rows, {"rank": info.rank, "world_size": info.world_size, "batch": batch, "batches": len(plan),
+                  "all_test_images": bool(args.all_test_images), "wall_s": time.perf_counter() - start}
 
 
 def _probe(ckpt, args, cfg) -> dict:
@@ -116,7 +135,9 @@ def _probe(ckpt, args, cfg) -> dict:
 
 
 def _images(ckpt, args, cfg):
-    return C.images(ckpt, data=args.data, data_dir=args.data_dir, n=args.images or cfg["images"])
+    # --all-test-images: a count no split reaches, so C.images gives the whole split
+    n = sys.maxsize if getattr(args, "all_test_images", False) else args.images or cfg["images"]
+    return C.images(ckpt, data=args.data, data_dir=args.data_dir, n=n)
 
 
 CHECKPOINT_BODIES = {"certify": _certify, "wellposed": _wellposed, "probe": _probe}
@@ -135,11 +156,14 @@ def run_checkpoint(command: str, args, parser) -> int:
         out = CHECKPOINT_BODIES[command](ckpt, args, cfg)
     except BAD_INPUT as e:  # the message names the fix
         return fail(prog, e)
+    if out is None:  # a torchrun process other than rank 0: its rows are in rank 0's report
+        return 0
     docs = report.docs_dir(args.docs, checkpoint=ckpt.path)
     st = report.stamp()
     data = {"checkpoint": str(ckpt.path), "variant": ckpt.variant, "mixer": ckpt.mixer, "epoch": ckpt.epoch,
             "quick": bool(args.quick), **out["data"]}
-    path = report.write_report(command, "\n".join(out["md"]), data, st, docs=docs, json_path=args.json,
+    path = report.write_report(out.get("name") or command, "\n".join(out["md"]), data, st, docs=docs,
+                               json_path=args.json,
                                verdict=out["verdict"], index=False)
     report.print_verdict(out["verdict"], path)
     return 0

@@ -22,8 +22,8 @@ from lipcheck.models.vit import PRESETS
 from lipcheck.reports import wellposed as wellposed_report
 from lipcheck.reports import wellposed_enclosure
 
-from .common import (add_checkpoint_arguments, add_output_arguments, not_with_checkpoint, parse, positive_int,
-                     set_threads)
+from .common import (add_checkpoint_arguments, add_output_arguments, fail, not_with_checkpoint, parse,
+                     positive_int, set_threads)
 from .wellposed_phases import (D, build_models, certificate_phase, constants_row, contrast_phase, enclosure_phase,
                                gradient_phase, gronwall_phase, must_show, sweep_phase, time_major, timed)
 
@@ -143,8 +143,15 @@ def add_arguments(p) -> None:
                    help="CPU threads for torch and BLAS (default 1: the tensors are small and threads only contend)")
     add_output_arguments(p)
     p.add_argument("--max-seconds", type=float, default=None,
-                   help="a time budget for each enclosure (--enclosure-only, --checkpoint); when used up, the report "
-                        "says up to which t the enclosure is proven and with which radius")
+                   help="a time budget for each enclosure (--enclosure-only; with --checkpoint each batch's); when "
+                        "used up, the report says up to which t the enclosure is proven and with which radius")
+    p.add_argument("--all-test-images", action="store_true",
+                   help="with --checkpoint: every image of the data set's test split (not with --images); under "
+                        "torchrun the batches are shared out over the processes and rank 0 writes one report, "
+                        "wellposed_all.md")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="with --checkpoint: images per enclose call (default 8); an image's radius depends on its "
+                        "batch, never on the number of processes")
     p.add_argument("--runs", type=Path, default=Path("runs/trained"),
                    help="where experiments/trained.py keeps its digits models (the ODE/SSoG one is trained if missing)")
     p.add_argument("--enclosure-only", action="store_true",
@@ -163,8 +170,15 @@ def run(args, p) -> int:
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
     if args.checkpoint:
         not_with_checkpoint(args, p, {"preset": "tiny", "gain": 1.0, "cert_gain": 0.5, "runs": Path("runs/trained")})
+        if args.all_test_images and args.images is not None:
+            raise SystemExit(fail(p.prog, "--all-test-images proves every test image and --images N the first N: "
+                                          "drop --images (or --all-test-images)"))
         from .trained import run_checkpoint
         return run_checkpoint("wellposed", args, p)
+    for flag, given in (("--all-test-images", args.all_test_images), ("--batch", args.batch is not None)):
+        if given:
+            raise SystemExit(fail(p.prog, f"{flag} chooses the images of a trained model: give --checkpoint RUN, "
+                                          f"or drop {flag}"))
     for name in ("gain", "cert_gain"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
             p.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")

@@ -3,6 +3,7 @@ figures from the command's numbers (docs/data/trained.json), and the tables of t
 (`lipcheck certify|wellposed|probe --checkpoint RUN`)."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -83,6 +84,34 @@ def enclosure_table(rows: list[dict]) -> str:
                              "-" if r["actual_t1"] is None else f"{r['actual_t1']:.3g}",
                              "-" if r["ratio_t1"] is None else f"{r['ratio_t1']:.3g}", f"{r['seconds']:.1f}",
                              r["reason"] or ""] for r in rows])
+
+
+PER_IMAGE_ROWS = 16  # up to this many images the report lists each; beyond, the quantiles and the unproven ones
+
+
+def enclosure_summary(rows: list[dict], run: dict, *, t1: float, noun: str = "images") -> list[str]:
+    """The answer first (how many images are proven on [0, t1]), then the radius and radius / actual error at t1
+    over the proven images (min, median, max), the seconds per image and how the work was split over processes;
+    every image's row when there are few, else only the unproven ones with their reasons."""
+    proven = [r for r in rows if r["proven"]]
+    wall, world = run["wall_s"], run["world_size"]
+    md = [f"## Proven on [0, t1 = {t1:g}] for {len(proven)}/{len(rows)} {noun}", ""]
+    quant = []
+    for name, key in (("radius at t1", "radius_t1"), ("actual error at t1", "actual_t1"),
+                      ("radius / actual error", "ratio_t1")):
+        vals = sorted(r[key] for r in proven if isinstance(r.get(key), (int, float)))
+        if vals:
+            quant.append([name, f"{vals[0]:.3g}", f"{statistics.median(vals):.3g}", f"{vals[-1]:.3g}"])
+    if quant:
+        md += [report.md_table(["over the proven images", "min", "median", "max"], quant), ""]
+    md += [f"{wall:.1f} s wall for {len(rows)} images on {world} process{'es' if world > 1 else ''} in batches of "
+           f"{run['batch']} ({run['batches']} enclose calls): {wall / len(rows):.2f} s per image, "
+           f"{wall * world / len(rows):.2f} process-seconds per image (with the reference solves; an image's "
+           f"seconds below are its share of its batch's enclosure).", ""]
+    shown = rows if len(rows) <= PER_IMAGE_ROWS else [r for r in rows if not r["proven"]]
+    if shown:
+        md += ["Per image:" if shown is rows else "The images not proven, and why:", "", enclosure_table(shown)]
+    return md
 
 
 
