@@ -100,7 +100,7 @@ LAYERS = [
     {"mixers"},
     {"models"},
     {"bounds", "probe", "wellposed", "bench", "bench_process", "bench_stats", "bench_results", "train", "data",
-     "checkpoint", "certification"},
+     "checkpoint", "certification", "shard"},
     {"verdicts"},
     {"report", "reports"},
     {"commands"},
