@@ -14,7 +14,7 @@ import torch
 from scipy.integrate import solve_ivp
 
 from lipcheck import checkpoint as C
-from lipcheck import cli, shard, verdicts
+from lipcheck import cli, shard, threads, verdicts
 from lipcheck import train as T
 from lipcheck.commands import trained
 from lipcheck.data import load_dataset
@@ -55,7 +55,8 @@ def _dop853(model, images, t1):
     with torch.no_grad():
         x0 = m.embed(images.double())
         for x in x0:
-            f = lambda t, y, s=x.shape: m.vector_field(t, torch.from_numpy(y).reshape(1, *s))[0].flatten().numpy()  # noqa: E731
+            def f(t, y, s=x.shape):
+                return m.vector_field(t, torch.from_numpy(y).reshape(1, *s))[0].flatten().numpy()
             ends = [solve_ivp(f, (0.0, t1), x.flatten().numpy(), method="DOP853", rtol=r, atol=r * 1e-2).y[:, -1]
                     for r in (1e-13, 1e-11)]
             assert np.linalg.norm(ends[0] - ends[1]) < 1e-8
@@ -94,14 +95,12 @@ def test_batched_enclosures_are_proofs_like_one_image_at_a_time(one_thread):
 # ------------------------------------------------------------------------------------------- processes
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("shard")
-    cfg = T.TrainConfig(epochs=1, batch_size=16, lr=3e-3, warmup_epochs=1, crop_padding=1, seed=5)
-    T.run("digits", "ode", "ssog", cfg=cfg, out_dir=root / "ode-ssog", progress=False, limit_train=32,
-          limit_test=16, **SMALL)
-    yield root / "ode-ssog"
-    torch.set_num_threads(n)
+    """A small ODE SSoG digits checkpoint (one epoch on 32 images)."""
+    out = tmp_path_factory.mktemp("shard") / "ode-ssog"
+    with threads.set_threads(1):
+        T.run("digits", "ode", "ssog", cfg=T.TrainConfig(epochs=1, batch_size=16, warmup_epochs=1, seed=5),
+              out_dir=out, progress=False, limit_train=32, limit_test=16, **SMALL)
+    return out
 
 
 ARGS = ["--images", "4", "--batch", "2", "--enclosure-only", "--no-progress"]
