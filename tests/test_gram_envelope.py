@@ -248,16 +248,16 @@ def test_gram_deflation_on_a_factorised_layer(mu, sigma, C):
 
 
 def test_complement_choice_and_bad_input():
-    """choose_complement: the Gram envelope up to MAX_FREQUENCIES (2048 on half the torus: 32 x 33 exactly, not
-    33 x 33; 32 x 32 at any C) and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement
+    """choose_complement: the Gram envelope stored densely up to MAX_FREQUENCIES (2048 on half the torus: 32 x 33
+    exactly, not 33 x 33; 32 x 32 at any C), read as f alone up to MAX_TORUS_FREQUENCIES (128 x 128), and GRAM_BUDGET; default_k_gram near k C = 4608; float32, NaN, an unknown complement
     and a k beyond GRAM_BUDGET are refused."""
-    assert ge.affordable(32, 32) and ge.affordable(32, 33) and ge.affordable(33, 32) and not ge.affordable(33, 33)
-    assert ge.affordable(2048, 1) and not ge.affordable(2049, 1)  # 4095 and 4097 frequencies: 2048, 2049 halves
-    assert not ge.affordable(64, 64)
+    assert ge.dense(32, 32) and ge.dense(32, 33) and ge.dense(33, 32) and not ge.dense(33, 33)
+    assert ge.dense(2048, 1) and not ge.dense(2049, 1)  # 4095 and 4097 frequencies: 2048, 2049 halves
+    assert not ge.dense(64, 64) and ge.affordable(64, 64) and ge.affordable(128, 128) and not ge.affordable(129, 129)
     assert [df.default_k_gram(196, C) for C in (12, 48, 192, 384, 768)] == [195, 96, 24, 12, 10]
     assert df.default_k_gram(4, 1) == 3
     assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(32, 32, 384, 6) == "gram"
-    assert df.choose_complement(64, 64, 48, 3) == "majorant"
+    assert df.choose_complement(64, 64, 48, 3) == "gram" and df.choose_complement(129, 129, 48, 3) == "majorant"
     assert df.choose_complement(14, 14, 384, 6, k=24) == "majorant"  # 6^4 (24 * 384)^2 > GRAM_BUDGET
     rng = np.random.default_rng(1)
     layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)

@@ -41,8 +41,10 @@ import torch
 
 from .. import gaussian, rounding
 from . import gram_envelope as ge
+from . import gram_lowrank as gl
 from . import majorant as mj
 from . import spectral as sp
+from .approx import _Approx, _deflect, _kron_sum, _mm, _pairwise, _sub, _sym, _up  # noqa: F401  (tests reach them here)
 from .deflation_search import choose_gram_shift, choose_parameters
 
 
@@ -67,92 +69,6 @@ class DeflationBound:
     seconds: float
     margin: float
     info: dict
-
-
-@dataclasses.dataclass
-class _Approx:
-    """A matrix as computed (val) and a bound err >= ||val - exact||_2 on the exact matrix it stands for."""
-    val: torch.Tensor
-    err: float
-
-    @property
-    def fro(self) -> float:
-        """||val||_F rounded up (a bound on ||val||_2)."""
-        return float(self.val.square().sum().sqrt()) * (1 + rounding.gamma(self.val.numel() + 4))
-
-    @property
-    def norm(self) -> float:
-        """A bound on the spectral norm of the exact matrix."""
-        return self.fro + self.err
-
-
-def _up(x: float) -> float:
-    """x rounded up generously (the error bounds are sums of a few float terms)."""
-    return x * (1 + 1e-12) + 1e-300
-
-
-def _mm(X: _Approx, Y: _Approx, *, tX: bool = False, tY: bool = False) -> _Approx:
-    """fl(X Y) (X or Y transposed when asked): ||fl(XY) - X Y|| <= ||X|| e_Y + ||Y|| e_X + e_X e_Y + gamma_n ||X^||_F ||Y^||_F
-    (entrywise |fl(x.y) - x.y| <= gamma_n |x|.|y|, and || |X^| |Y^| || <= ||X^||_F ||Y^||_F)."""
-    a = X.val.T if tX else X.val
-    b = Y.val.T if tY else Y.val
-    n = a.shape[-1]
-    err = X.norm * Y.err + Y.norm * X.err + X.err * Y.err + rounding.gamma(n + 2) * X.fro * Y.fro
-    return _Approx(a @ b, _up(err))
-
-
-def _pairwise(Xs: list[_Approx], Ys: list[_Approx], *, tX: bool = False, tY: bool = False) -> list[list[_Approx]]:
-    """All products fl(X_i Y_j) (X_i or Y_j transposed when asked) in one matrix product, each with _mm's error bound
-    (every entry is the same length-n dot product, so the same gamma_{n+2} bound holds)."""
-    a = torch.cat([x.val.T if tX else x.val for x in Xs], 0)
-    b = torch.cat([y.val.T if tY else y.val for y in Ys], 1)
-    n = a.shape[1]
-    prod = a @ b
-    rows = [x.val.shape[1] if tX else x.val.shape[0] for x in Xs]
-    cols = [y.val.shape[0] if tY else y.val.shape[1] for y in Ys]
-    xn, yn = [x.norm for x in Xs], [y.norm for y in Ys]
-    xf, yf = [x.fro for x in Xs], [y.fro for y in Ys]
-    g = rounding.gamma(n + 2)
-    out, r0 = [], 0
-    for i, (r, x) in enumerate(zip(rows, Xs)):
-        row, c0 = [], 0
-        for j, (c, y) in enumerate(zip(cols, Ys)):
-            err = xn[i] * y.err + yn[j] * x.err + x.err * y.err + g * xf[i] * yf[j]
-            row.append(_Approx(prod[r0:r0 + r, c0:c0 + c], _up(err)))
-            c0 += c
-        out.append(row)
-        r0 += r
-    return out
-
-
-def _sub(X: _Approx, Y: _Approx) -> _Approx:
-    """fl(X - Y): one rounding per entry, <= u ||fl(X - Y)||_F / (1 - u)."""
-    d = X.val - Y.val
-    u = rounding.unit_roundoff(d.dtype)
-    out = _Approx(d, 0.0)
-    return _Approx(d, _up(X.err + Y.err + 2 * u * out.fro))
-
-
-def _kron_sum(L: list[_Approx], P: list[_Approx], transpose_P: bool) -> _Approx:
-    """sum_j L_j kron P_j' as a (k C) x (k C) matrix with rows (i, c), columns (j, d): entry sum_j L_j[i, j] P'_j[c, d],
-    P' = P_j^T when transpose_P. Error: the factors' errors (||X kron Y|| = ||X|| ||Y||) and the sum of J products
-    per entry (gamma_{J+2} sum_j ||L_j||_F ||P_j||_F)."""
-    k, C = L[0].val.shape[0], P[0].val.shape[0]
-    Ls = torch.stack([x.val for x in L])
-    Ps = torch.stack([x.val for x in P])
-    if transpose_P:
-        Ps = Ps.transpose(1, 2)
-    val = torch.einsum("jab,jcd->acbd", Ls, Ps).reshape(k * C, k * C)
-    err = sum(a.norm * b.err + b.norm * a.err + a.err * b.err for a, b in zip(L, P))
-    err += rounding.gamma(len(L) + 2) * sum(a.fro * b.fro for a, b in zip(L, P))
-    return _Approx(val, _up(err))
-
-
-def _sym(X: _Approx) -> _Approx:
-    """(X + X^T) / 2, exactly symmetric in floating point; it is as close to the (symmetric) exact matrix as X is,
-    plus one rounding."""
-    S = (X.val + X.val.T) / 2
-    return _Approx(S, _up(X.err + 2 * rounding.unit_roundoff(S.dtype) * X.fro))
 
 
 def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_budget: float | None = None,
@@ -239,11 +155,6 @@ def apply_kernel(f: dict, X: _Approx, *, transpose: bool = False) -> _Approx:
     Xr = X.val.T.reshape(m, H, W)
     KX = torch.einsum("mab,kbc,mdc->adkm", gh, Xr, gw).sum(-1).reshape(H * W, m)
     return _Approx(KX, _up(f["kappa"] * (f["rel"] * X.fro + X.err)))
-
-
-def _deflect(Qa: _Approx, Y: _Approx) -> _Approx:
-    """(I - Qbar Qbar^T) Y for Qbar the orthonormal basis that Qa approximates (its error eta)."""
-    return _sub(Y, _mm(Qa, _mm(Qa, Y, tX=True)))
 
 
 def token_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, *, factors=None):
@@ -556,29 +467,23 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
 def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
                    envelope_budget: float | None = None) -> DeflationBound:
     """Theorem D4 with the complement bounded by the circulant Gram envelope (Lemma G2): Q the top k eigenvectors of
-    the stored R_f, m22 >= lambda_max(R_f on span(Q)^perp) by `certify_delta` (R_f bounds T^T T, so m22 is already
-    squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
+    R_f, m22 >= lambda_max(R_f on span(Q)^perp) (`_gram_complement`: dense up to 32 x 32, low-rank beyond; R_f bounds
+    T^T T, so m22 is already squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
     gram_affordable(heads, k, C) (D3 would need GB and GC besides)."""
     if not gram_affordable(q.num_heads, k, q.dim):
         raise ValueError(f"Theorem D4 with k = {k} exceeds GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
                          f"pass a smaller k or complement='majorant'")
-    env = ge.gram_envelope(q, H, W, budget=envelope_budget)
-    tau_R = ge.certified_top(env)
-    ev, Q = top_eigenvectors(env.R, k)
-    eta = orthonormality_defect(Q)
-    c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
-    m22 = certify_delta(env.R, env.err, Q, float(ev[k]), c=c)
+    env, tau_R, Q, eta, m22, info = _gram_complement(q, H, W, k, envelope_budget)
     e = q.log2_scale
     u = rounding.unit_roundoff(torch.float64)
     margin_conv = q.conversion_error * q.magnitude()
-    info = dict(envelope="gram", envelope_bound=None, eta=eta, kC=k * q.dim, envelope_seconds=env.seconds,
-                envelope_norms=env.norms,
-                complement=sp._scale_back(math.sqrt(m22), e, up=True), errors=dict(envelope=env.err))
+    info.update(envelope="gram", envelope_bound=None, eta=eta, kC=k * q.dim,
+                complement=sp._scale_back(math.sqrt(m22), e, up=True), errors=dict(envelope=env))
     tau, est, upper_from = tau_R, tau_R, "envelope"
     if m22 < tau_R:  # else no tau >= m22 can beat the envelope's own bound: the blocks are not built
         M11, X, _ = gram_matrices(q, H, W, Q, eta, with_GB=False)
         tau_d, est_d, g = certify_d4(M11, X, m22)
-        info.update(theorem="D4", g=g, errors=dict(envelope=env.err, M11=M11.err, X=X.err))
+        info.update(theorem="D4", g=g, errors=dict(envelope=env, M11=M11.err, X=X.err))
         info["deflated"] = sp._scale_back(sp._finite(math.sqrt(tau_d) * (1 + 2 * u) + margin_conv,
                                                      "deflated bound"), e, up=True)
         if tau_d < tau_R:
@@ -594,3 +499,27 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
                           delta=info["complement"], eps=math.nan, sigma=math.nan,
                           seconds=time.perf_counter() - t0,
                           margin=sp._scale_back(upper_n - math.sqrt(est), e, up=True), info=info)
+
+
+def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: float | None):
+    """(envelope error, tau_R >= lambda_max(R_f), Q (N x k), eta, m22 >= lambda_max(R_f on span(Q)^perp), info) for
+    the circulant Gram envelope (normalised units, squared). Up to 32 x 32 (gram_envelope.dense) R_f is stored: Q its
+    top eigenvectors, tau_R and m22 Cholesky-checked on it. Beyond, f alone (lipcheck.bounds.gram_lowrank): Q by
+    Lanczos with FFT products, m22 by the low-rank split, tau_R = max f (R_f is a compression of the circulant with
+    eigenvalues f)."""
+    if ge.dense(H, W):
+        env = ge.gram_envelope(q, H, W, budget=envelope_budget)
+        tau_R = ge.certified_top(env)
+        ev, Q = top_eigenvectors(env.R, k)
+        eta = orthonormality_defect(Q)
+        c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
+        m22 = certify_delta(env.R, env.err, Q, float(ev[k]), c=c)
+        return env.err, tau_R, Q, eta, m22, dict(envelope_seconds=env.seconds, envelope_norms=env.norms)
+    t0 = time.perf_counter()
+    f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget)
+    ev, Q = gl.top_vectors(f, H, W, k)
+    eta = orthonormality_defect(Q)
+    d0 = gl.level_for(f, float(ev[0]), float(ev[k]))
+    m22, columns = gl.complement_bound(f, H, W, Q, eta, d0)
+    return 0.0, float(f.max()), Q, eta, m22, dict(envelope_seconds=time.perf_counter() - t0, envelope_norms=norms,
+                                                  complement_method="low-rank", split_level=d0, columns=columns)

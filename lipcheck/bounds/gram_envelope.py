@@ -39,9 +39,11 @@ ENVELOPE_BUDGET = 2.2e10
 # 0.5, 0.25, 0.1 certified 64, 96, 192 norms and left the deflated bound 0.34, 0.28, 0.22 % above exact (0.22 % with
 # all 365); at 32 x 32 0.5 certified 256 (0.160 %), 0.25 and 0.1 the budget's 388 (0.155 %)
 THETA = 0.1
-# at most this many frequencies on half the torus (32 x 32: 1985); beyond, the Toeplitz majorant's envelope serves
-# (at 64 x 64 the N x N envelope's eigenvectors cost most, and the symbol's sup is within some 1 % already)
+# up to this many frequencies on half the torus (32 x 32: 1985) R_f is stored as an N x N matrix; beyond, the
+# deflated bound reads f alone (lipcheck.bounds.gram_lowrank: Lanczos by FFT and a low-rank complement), up to
+# MAX_TORUS_FREQUENCIES (128 x 128: 32513; past it the Toeplitz majorant or the circulant embedding serve)
 MAX_FREQUENCIES = 2048
+MAX_TORUS_FREQUENCIES = 32768
 TWO_PI = 2 * math.pi  # fl(2 pi) = 2 fl(pi): within 2 pi u of 2 pi
 
 
@@ -56,9 +58,20 @@ class GramEnvelope:
     norms: int  # C x C norms certified (the rest of f is the cheap bound)
 
 
+def half_torus(H: int, W: int) -> int:
+    return math.ceil((2 * H - 1) * (2 * W - 1) / 2)
+
+
 def affordable(H: int, W: int) -> bool:
-    """Whether half the torus fits MAX_FREQUENCIES (the certified norms are capped by ENVELOPE_BUDGET at any C)."""
-    return math.ceil((2 * H - 1) * (2 * W - 1) / 2) <= MAX_FREQUENCIES
+    """Whether the deflated bound can use the envelope at this grid: half the torus within MAX_TORUS_FREQUENCIES
+    (the certified norms are capped by ENVELOPE_BUDGET at any C)."""
+    return half_torus(H, W) <= MAX_TORUS_FREQUENCIES
+
+
+def dense(H: int, W: int) -> bool:
+    """Whether R_f is stored as an N x N matrix (half the torus within MAX_FREQUENCIES: up to 32 x 32); beyond, only
+    f is kept (lipcheck.bounds.gram_lowrank)."""
+    return half_torus(H, W) <= MAX_FREQUENCIES
 
 
 def trig_error(u: float) -> float:
