@@ -1,4 +1,4 @@
-"""Exactness: every deterministic upper bound on Lip(SSoG) beside the exact norm, at ViT token grids.
+"""Exactness: the default certification of Lip(SSoG) at every ViT token grid: certified gap, seconds, exact where cheap.
 
 The code lives in lipcheck/commands/exactness.py (also reached as a `lipcheck` subcommand); this script runs it
 from a checkout: `python experiments/exactness.py --help`."""

@@ -213,7 +213,7 @@ def legacy_row(r: dict) -> dict:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--quick", action="store_true", help="C = 48 on 8x8 and 14x14, init and broad (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="C = 48 on 8x8 and 14x14, init and broad: 4 rows (5-10 min on 2 busy cores)")
     ap.add_argument("--widths", type=common.positive_int, nargs="+", default=None,
                     help=f"channel counts C (default {' '.join(map(str, WIDTHS))}; 12 heads at 768, else 3)")
     ap.add_argument("--grids", type=common.grid, nargs="+", default=None,
