@@ -69,7 +69,8 @@ def exactness_layer(C: int, kernels: str, seed: int, heads: int | None = None, M
              "floor": lambda: torch.full((h, M, 2), SIGMA_FLOOR * (1 + 1e-9), dtype=F64)}
     with torch.no_grad():
         if kernels in sigma:
-            layer.set_gaussian_params(alpha=randn(h, M, dtype=F64), mu=randn(h, M, 2, dtype=F64) * 3, sigma=sigma[kernels]())
+            layer.set_gaussian_params(alpha=randn(h, M, dtype=F64), mu=randn(h, M, 2, dtype=F64) * 3,
+                                      sigma=sigma[kernels]())
         elif kernels == "frozen":
             layer.set_gaussian_params(alpha=randn(h, M, dtype=F64) / M, mu=(rand(h, M, 2, dtype=F64) * 2 - 1) * 4,
                                       sigma=torch.exp(rand(h, M, 2, dtype=F64) * math.log(12)) * 0.25)
@@ -213,7 +214,8 @@ def legacy_row(r: dict) -> dict:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--quick", action="store_true", help="C = 48 on 8x8 and 14x14, init and broad: 4 rows (5-10 min on 2 busy cores)")
+    ap.add_argument("--quick", action="store_true",
+                    help="C = 48 on 8x8 and 14x14, init and broad: 4 rows (5-10 min on 2 busy cores)")
     ap.add_argument("--widths", type=common.positive_int, nargs="+", default=None,
                     help=f"channel counts C (default {' '.join(map(str, WIDTHS))}; 12 heads at 768, else 3)")
     ap.add_argument("--grids", type=common.grid, nargs="+", default=None,

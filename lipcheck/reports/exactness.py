@@ -96,7 +96,7 @@ def table_row(r: dict) -> list[str]:
     return [f"C={r['C']}, {r['heads']} heads, M={r.get('M', 4)}, {r['kernels']}", f"{r['H']}x{r['W']}",
             f"{r['lower']:.10g}", f"{r['upper']:.10g} [{r.get('method') or r.get('upper_method')}]{flag}",
             f"{r['gap']:.2e}", f"{r['seconds']:.1f}" if "seconds" in r else "-",
-            f"{r['circulant']:.6g} ({r['circulant_gap']:.1e}, {cs:.1f} s)" if cs is not None else f"{r['circulant']:.6g}",
+            f"{r['circulant']:.6g} ({r['circulant_gap']:.1e}" + (f", {cs:.1f} s)" if cs is not None else ")"),
             exact, egap, f"{r['target']:.0e}", "yes" if r["met"] else "**no**"]
 
 
