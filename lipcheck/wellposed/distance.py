@@ -14,8 +14,14 @@ from .solve import sample_norm
 
 def _rough_distance(steps, coefs, rsteps, rcoefs) -> float:
     """max over y_ref's step nodes of ||y - y_ref|| (all samples): a scale for tuning, not a bound."""
+    return float(_node_distances(steps, coefs, rsteps, rcoefs)[0].max())
+
+
+def _node_distances(steps, coefs, rsteps, rcoefs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample (B,): max over y_ref's step nodes of ||y - y_ref||, and ||y(t1) - y_ref(t1)||, the last node's
+    (scales for tuning, not bounds)."""
     ends = [b for _, b in steps]
-    out = 0.0
+    out = last = None
     for (a, b), c in zip(rsteps, rcoefs):
         for sg in NODES:
             t = a + (b - a) * sg
@@ -24,8 +30,9 @@ def _rough_distance(steps, coefs, rsteps, rcoefs) -> float:
             s = torch.tensor([(t - ay) / (by - ay)], dtype=c.dtype, device=c.device)
             yv = _poly(coefs[ky], s, by - ay, 0)[0]
             yr = _poly(c, torch.tensor([sg], dtype=c.dtype, device=c.device), b - a, 0)[0]
-            out = max(out, float(sample_norm(yv - yr).max()))
-    return out
+            last = sample_norm(yv - yr)
+            out = last if out is None else torch.maximum(out, last)
+    return out, last
 
 
 class _Pair:

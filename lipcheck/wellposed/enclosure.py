@@ -37,16 +37,18 @@ import torch
 
 from ..bounds import lognorm as ln  # noqa: F401  (SSoGField's constants; tests replace them through here)
 from .direct import enclose_direct
-from .distance import _distance, _rough_distance
+from .distance import _distance, _node_distances, _rough_distance
 from .envelope import lognorm_envelope  # noqa: F401
 from .field import SSoGField, rayleigh_lower  # noqa: F401
 from .options import DirectOptions, EnclosureError, check_inputs, check_method, check_settings
-from .quartic import _bernstein_matrix, _sampled_defect, piecewise_quartic  # noqa: F401
+from .quartic import _bernstein_matrix, _sampled_defect, _sampled_defects, piecewise_quartic  # noqa: F401
 from .result import Enclosure
 from .solve import prepare
 
 REF_FACTOR = 1e-3  # ref_tol = "auto": the reference solve at tol * REF_FACTOR ...
 REF_FLOOR = 1e-11  # ... but not below this (dopri5's step count explodes near float64's floor)
+REF_SHARE = 0.1  # y_ref's defect is aimed at r_ref(t1) <= this share of ||y(t1) - y_ref(t1)|| ...
+REF_WORK_FLOOR = 1e-3  # ... with its target at most 1000x below ref_defect_ratio * sup ||y - y_ref|| / t1 (work)
 
 # Per-sample state size up to which the enclosure runs on one thread: its kernels are then too small for a second
 # thread to pay, and on a shared machine waiting threads cost most (tiny model, 2 images: 7.0 s on two threads and
@@ -149,7 +151,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     steps, coefs, sol = piecewise_quartic(sf, x0, t1, method=method, tol=tol)
     solve_seconds = time.perf_counter() - start
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
-                                        ref_max_steps)
+                                        ref_max_steps, field=field)
     ref_opts = dataclasses.replace(opts, tol=rt, mu_slack=ref_mu_slack or mu_slack, defect_abs=target,
                                    max_per_step=ref_max_per_step or 8 * max_per_step)
     ref = enclose_direct(field, x0, t1, ref_opts, pieces=rpieces)
@@ -157,20 +159,49 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     return _combine(ref, steps, coefs, sol, x0.dtype, tol, rt, seconds, start)
 
 
-def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps):
-    """y_ref's piecewise quartic and the defect target it is tuned to. Its defect only needs to be small against
-    the distance it is added to: its steps are shortened until its sampled defect, and (in the enclosure) its
-    sub-intervals refined until the remainder, are below ref_defect_ratio * (a rough sup of ||y - y_ref|| at the
-    nodes) / t1, or ref_defect_abs (tuning choices, not part of the proof)."""
+def _growth(field, steps, coefs) -> torch.Tensor:
+    """(B,) an estimate of int_0^t1 mu along y: the trapezoid rule on the point log-norms at y's step ends (a
+    tuning scale, not a bound: eps_J = 0, no tube)."""
+    pts = [coefs[0][0]] + [c.sum(0) for c in coefs]
+    lam = torch.stack([torch.as_tensor(field.lognorm(p, 0.0, 0.0), dtype=torch.float64).reshape(-1) for p in pts])
+    lam = torch.nan_to_num(lam.cpu(), nan=0.0, posinf=1e3, neginf=-1e3)
+    h = torch.tensor([b - a for a, b in steps], dtype=torch.float64)
+    return ((lam[1:] + lam[:-1]) / 2 * h[:, None]).sum(0)
+
+
+def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> torch.Tensor:
+    """(B,) the defect y_ref is tuned to, per sample. Theorem 5 gives r_ref(t1) <= int exp(int_s^t1 mu) dbar ds,
+    about 2 target t1 phi(g) for a defect dbar <= 2 target (sampled part and remainder) and g = int mu: the target
+    aims r_ref(t1) at REF_SHARE of ||y(t1) - y_ref(t1)||, the part of the radius it adds to. Never above the
+    earlier ref_defect_ratio * sup ||y - y_ref|| / t1, and not below REF_WORK_FLOOR times that (a budget on the
+    refinement). A tuning choice: every target gives a valid enclosure."""
+    rough, at_t1 = _node_distances(*user, *rpieces[:2])
+    rough, at_t1 = rough.double().cpu(), at_t1.double().cpu()
+    g = _growth(field, *user).clamp(-30.0, 30.0)
+    phi = torch.where(g.abs() > 1e-8, torch.expm1(g) / g, torch.ones_like(g))
+    base = ref_defect_ratio * rough / t1
+    aim = REF_SHARE * at_t1 / (2 * t1 * phi)
+    return torch.minimum(base, torch.maximum(aim, REF_WORK_FLOOR * base))
+
+
+def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None):
+    """y_ref's piecewise quartic and the defect target it is tuned to (per sample, `_defect_target`, or
+    ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
+    sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof)."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
-    rough = _rough_distance(*user, rpieces[0], rpieces[1])
-    target = ref_defect_abs if ref_defect_abs is not None else ref_defect_ratio * rough / t1
+    if ref_defect_abs is not None:
+        target = ref_defect_abs
+    elif field is None:
+        target = ref_defect_ratio * _rough_distance(*user, rpieces[0], rpieces[1]) / t1
+    else:
+        target = _defect_target(field, user, rpieces, t1, ref_defect_ratio)
     for _ in range(3):
-        d = _sampled_defect(sf, *rpieces[:2])
-        if not (d > target and math.isfinite(d)):
+        d = _sampled_defects(sf, *rpieces[:2]) if torch.is_tensor(target) else _sampled_defect(sf, *rpieces[:2])
+        excess = float((torch.as_tensor(d, dtype=torch.float64).cpu() / target).max())
+        if not (excess > 1 and math.isfinite(excess)):
             break
-        K = math.ceil(len(rpieces[0]) * 1.25 * (d / target) ** 0.25)
-        if K > ref_max_steps:
+        K = min(math.ceil(len(rpieces[0]) * 1.25 * excess ** 0.25), ref_max_steps)  # the defect falls like h^4
+        if K <= len(rpieces[0]):
             break
         rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt, grid_steps=K)
     return rpieces, target

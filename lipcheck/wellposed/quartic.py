@@ -34,12 +34,18 @@ def _eval(field, y: torch.Tensor, tokens: int = 16384):
 
 def _sampled_defect(field, steps, coefs) -> float:
     """max ||y' - F(y)|| at the midpoints of y's quarter steps (all samples): a scale for tuning, not a bound."""
-    out = 0.0
+    return float(_sampled_defects(field, steps, coefs).max())
+
+
+def _sampled_defects(field, steps, coefs) -> torch.Tensor:
+    """(B,) per sample: max ||y' - F(y)|| at the midpoints of y's quarter steps (tuning, not a bound)."""
+    out = None
     for (a, b), c in zip(steps, coefs):
         s = torch.tensor([0.125, 0.375, 0.625, 0.875], dtype=c.dtype, device=c.device)
         y, d1 = _poly(c, s, b - a, 0), _poly(c, s, b - a, 1)
         Fy = _eval(field, y.reshape(-1, *y.shape[2:])).reshape(y.shape)
-        out = max(out, float(sample_norm(d1 - Fy).max()))
+        d = sample_norm(d1 - Fy).amax(0)
+        out = d if out is None else torch.maximum(out, d)
     return out
 
 
