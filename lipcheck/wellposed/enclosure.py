@@ -126,9 +126,10 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     sup ||y - y_ref||, `.reference` the enclosure of y_ref, whose tube, log-norms and defects `.tube`, `.mu`,
     `.defect` report. `tube`, `max_tube`, `mu_claim` and `ref_mu_slack` (default `mu_slack`) apply to the
     enclosure of y_ref, whose defect sub-intervals are refined (up to `ref_max_per_step`, default 8 max_per_step)
-    until the remainder is below `ref_defect_ratio` times a rough sup ||y - y_ref|| / t1, or below
-    `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most `ref_max_steps`) until its
-    sampled defect is below the same target. `max_seconds`: a time budget for the enclosure loop; when it is used
+    until the remainder is below a per-sample target (`_defect_target`: aimed at r_ref(t1) <= 0.1
+    ||y(t1) - y_ref(t1)|| from an estimate of int mu, at most `ref_defect_ratio` times a rough sup ||y - y_ref||
+    / t1), or below `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most
+    `ref_max_steps`) until its sampled defect is below the same target. `max_seconds`: a time budget for the enclosure loop; when it is used
     up the samples not yet proven get the reason "time budget ... proven on [0, t] with radius r there".
 
     The field object has the `SSoGField` interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
