@@ -72,7 +72,7 @@ def test_radius_is_within_2x_of_the_actual_error_on_the_gain_1_model():
 @pytest.mark.usefixtures("one_thread")
 def test_radius_is_within_10x_where_the_flow_grows_by_e6():
     """Gain 2, LayerNorm gammas x2: int mu ~ 6.4, the reference's radius grows ~e^6 from its defect. Before the
-    defect target was aimed at the growth, radius / actual at t1 was 30.6 here; now within 10."""
+    defect target was aimed at the growth, radius / actual at t1 was 72.6 here (3.4 after)."""
     model, images = _model(gain=2.0, gammas=2.0), _images(1)
     enc = wp.enclose(model, images, tol=1e-6, mu_slack=2.0, progress=False)
     assert enc.proven.all(), enc.reason
