@@ -74,18 +74,21 @@ def test_default_on_small_grids_is_the_verified_dense_svd():
 
 
 def test_the_size_rule_is_units_of_work():
-    """plan() reads sizes only: the deflated bound up to 32 x 32 with k C near 4608 and GRAM_BUDGET, the majorant up
-    to 64 x 64, the circulant embedding beyond; budget_s scales the work; deflated / majorant override."""
+    """plan() reads sizes only: the deflated bound up to 128 x 128 with k C near 4608 and GRAM_BUDGET, else the
+    majorant up to 64 x 64, the circulant embedding beyond; budget_s scales the work; deflated / majorant override."""
     p = plan(16, 16, 96, 3)
     assert p.deflated and p.deflation_k == 48 and p.complement == "gram" and not p.majorant and not p.exact
     assert plan(20, 12, 128, 8).deflation_k == 36  # k C near 4608, and 8^4 (k C)^2 <= GRAM_BUDGET
     assert df.gram_affordable(8, 38, 128) and not df.gram_affordable(8, 39, 128)
     assert plan(20, 12, 128, 12).deflation_k == 17  # 12^4 (k C)^2 <= GRAM_BUDGET binds before k C = 4608
     p = plan(64, 64, 192, 3)
-    assert not p.deflated and p.majorant
-    p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit: the majorant, fewer rf rounds
-    assert not p.deflated and p.majorant and p.rf_max_rounds == 11 and plan(16, 16, 96, 3).rf_max_rounds == 200
-    p = plan(65, 64, 8, 1)
+    assert p.deflated and p.deflation_k == 24 and p.complement == "gram" and not p.majorant
+    assert plan(128, 128, 384, 3).deflation_k == 12
+    p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit: Theorem D3's 12^2, k C = 4608
+    assert p.deflated and p.deflation_k == 6 and not p.majorant and p.rf_max_rounds == 11
+    assert df.d3_affordable(12, 6, 768) and not df.gram_affordable(12, 6, 768)
+    assert plan(16, 16, 96, 3).rf_max_rounds == 200
+    p = plan(129, 129, 8, 1)  # half the torus beyond MAX_TORUS_FREQUENCIES, and N > 4096
     assert not p.deflated and not p.majorant and "circulant" in p.rule
     assert plan(4, 4, 2, 1).exact and not plan(4, 4, 2, 1).deflated
     assert plan(16, 16, 96, 3, CertifyOptions(budget_s=7.5)).deflation_k == 24  # (k C)^3 scales with the budget

@@ -106,7 +106,7 @@ def orthonormality_defect(Q: torch.Tensor) -> float:
     return _up(eta)
 
 
-def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float, c: float) -> float:
+def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float | None, c: float) -> float:
     """delta >= lambda_max of the exact T_N(s_up) on span(Q)^perp: Cholesky of delta I - fl(T_N - c Q Q^T) (c >= 0),
     since x^T (T_N - c Q Q^T) x = x^T T_N x for x orthogonal to Q. Allowances: the stored T_N (tn_err), fl(c Q Q^T)
     (gamma_{k+2} c ||Q||_F^2) and the subtraction (u ||fl(.)||_F, doubled)."""
@@ -118,7 +118,8 @@ def certify_delta(TN: torch.Tensor, tn_err: float, Q: torch.Tensor, guess: float
     fq = float(Q.square().sum()) * (1 + rounding.gamma(N * k + 2))
     extra = tn_err + rounding.gamma(k + 3) * c * fq + 3 * u * float(S.square().sum().sqrt())
     with sp.single_thread():
-        mu = float(rounding.verified_lambda_max(S, lam=torch.tensor(float(guess), dtype=S.dtype), tries=CERTIFY_TRIES))
+        lam = None if guess is None else torch.tensor(float(guess), dtype=S.dtype)
+        mu = float(rounding.verified_lambda_max(S, lam=lam, tries=CERTIFY_TRIES))
     if not math.isfinite(mu):
         raise ValueError("the deflated envelope's Cholesky certificate failed at every pad: not certified")
     return _up(mu + extra)
@@ -357,22 +358,32 @@ def default_k_gram(N: int, C: int) -> int:
 def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     """Token functions for the default certification's deflated bound (complement 'gram'), from the sizes alone:
     default_k_gram's k C near 4608 (times scale^(1/3): the k C x k C checks cost (k C)^3), lowered until Theorem D4's
-    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). 0 where the Gram envelope does not fit
-    (gram_envelope.affordable), where X's h^4 channel products (h^4 C^3) exceed that budget, or where no k >= 1 fits.
-    scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
+    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). Where X's h^4 channel products (h^4 C^3) exceed that budget
+    (12 heads at C = 768), Theorem D3's h^2 terms serve instead (`d3_affordable`). 0 where the Gram envelope does not
+    fit (gram_envelope.affordable) or no k >= 1 fits. scale: the time budget over the 60 s these constants were sized
+    for (on 2 cores)."""
     if not ge.affordable(H, W) or H * W < 2:
         return 0
+    N = H * W
+    g = GRAM_BUDGET * min(scale, 1.0)  # deflated_bound refuses a k beyond GRAM_BUDGET itself
+    k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)
     # X's channel factors: h^4 products of C x C matrices (h^4 C^3 multiply-adds, h^4 C^2 numbers held at once:
     # 98 GB at 12 heads, C = 768), whatever k
-    if heads ** 4 * float(C) ** 3 > GRAM_BUDGET * min(scale, 1.0):
-        return 0
-    N = H * W
-    k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)
-    g = GRAM_BUDGET * min(scale, 1.0)  # deflated_bound refuses a k beyond GRAM_BUDGET itself
+    if heads ** 4 * float(C) ** 3 > g:
+        # Theorem D3: heads^2 (k C)^2 <= g, and its 2 k C x 2 k C check near 9216 (no floor of 10 token functions)
+        k = min(k, max(1, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), int(math.sqrt(g / heads ** 2) / C))
+        while k >= 1 and not d3_affordable(heads, k, C, g):
+            k -= 1
+        return max(k, 0)
     k = min(k, int(math.sqrt(g / heads ** 4) / C))  # heads^4 (k C)^2 <= g
     while k >= 1 and heads ** 4 * float(k * C) ** 2 > g:  # the square root's rounding
         k -= 1
     return max(k, 0)
+
+
+def d3_affordable(heads: int, k: int, C: int, budget: float = GRAM_BUDGET) -> bool:
+    """Whether Theorem D3's matrices fit the budget: h^2 Kronecker terms of (k C)^2 entries, h^2 channel products."""
+    return heads ** 2 * float(k * C) ** 2 <= budget and heads ** 2 * float(C) ** 3 <= budget
 
 
 def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) -> str:
@@ -385,7 +396,7 @@ def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) 
 
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float | None = None,
                    max_rounds: int | None = None, envelope=None, complement: str = "auto",
-                   envelope_budget: float | None = None) -> DeflationBound:
+                   envelope_budget: float | None = None, guide: torch.Tensor | None = None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by deflation (module docstring) with k token functions.
 
     complement: how ||T b|| is bounded on U^perp. 'gram': the circulant Gram envelope (lipcheck.bounds.gram_envelope,
@@ -411,7 +422,7 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
         complement = "majorant" if envelope is not None else choose_complement(H, W, C, q.num_heads, k)
     if complement == "gram":
         return _gram_deflated(q, H, W, default_k_gram(N, C) if k is None else max(1, min(int(k), N - 1)), t0,
-                              envelope_budget=envelope_budget)
+                              envelope_budget=envelope_budget, guide=guide)
     k = default_k(N, C) if k is None else max(1, min(int(k), N - 1))
     TN, tn_err, mb = envelope if envelope is not None else envelope_toeplitz(p, H, W, k=k, time_budget=time_budget,
                                                                              max_rounds=max_rounds)
@@ -465,29 +476,34 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
 
 
 def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
-                   envelope_budget: float | None = None) -> DeflationBound:
+                   envelope_budget: float | None = None, guide: torch.Tensor | None = None) -> DeflationBound:
     """Theorem D4 with the complement bounded by the circulant Gram envelope (Lemma G2): Q the top k eigenvectors of
     R_f, m22 >= lambda_max(R_f on span(Q)^perp) (`_gram_complement`: dense up to 32 x 32, low-rank beyond; R_f bounds
     T^T T, so m22 is already squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
     gram_affordable(heads, k, C) (D3 would need GB and GC besides)."""
-    if not gram_affordable(q.num_heads, k, q.dim):
-        raise ValueError(f"Theorem D4 with k = {k} exceeds GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
+    d4 = gram_affordable(q.num_heads, k, q.dim)
+    if not (d4 or d3_affordable(q.num_heads, k, q.dim)):
+        raise ValueError(f"Theorems D4 and D3 with k = {k} exceed GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
                          f"pass a smaller k or complement='majorant'")
-    env, tau_R, Q, eta, m22, info = _gram_complement(q, H, W, k, envelope_budget)
+    env, tau_R, Q, eta, m22, info = _gram_complement(q, H, W, k, envelope_budget, guide)
     e = q.log2_scale
     u = rounding.unit_roundoff(torch.float64)
     margin_conv = q.conversion_error * q.magnitude()
     info.update(envelope="gram", envelope_bound=None, eta=eta, kC=k * q.dim,
                 complement=sp._scale_back(math.sqrt(m22), e, up=True), errors=dict(envelope=env))
     tau, est, upper_from = tau_R, tau_R, "envelope"
-    if m22 < tau_R:  # else no tau >= m22 can beat the envelope's own bound: the blocks are not built
+    if m22 < tau_R and d4:  # else no tau >= m22 can beat the envelope's own bound: the blocks are not built
         M11, X, _ = gram_matrices(q, H, W, Q, eta, with_GB=False)
         tau_d, est_d, g = certify_d4(M11, X, m22)
         info.update(theorem="D4", g=g, errors=dict(envelope=env, M11=M11.err, X=X.err))
+    elif m22 < tau_R:  # Theorem D3 with ||Pi^perp T Pi^perp|| <= ||T Pi^perp|| <= sqrt(m22) (Lemma G2)
+        tau_d, est_d, extra = _gram_d3(q, H, W, Q, eta, m22)
+        info.update(theorem="D3", **extra)
+    if m22 < tau_R:
         info["deflated"] = sp._scale_back(sp._finite(math.sqrt(tau_d) * (1 + 2 * u) + margin_conv,
                                                      "deflated bound"), e, up=True)
         if tau_d < tau_R:
-            tau, est, upper_from = tau_d, est_d, "D4"
+            tau, est, upper_from = tau_d, est_d, info["theorem"]
     else:
         info["skipped"] = "m22 >= the envelope's own bound: k too small for this grid"
     env_upper = sp._scale_back(sp._finite(math.sqrt(tau_R) * (1 + 2 * u) + margin_conv, "circulant Gram bound"),
@@ -501,25 +517,65 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
                           margin=sp._scale_back(upper_n - math.sqrt(est), e, up=True), info=info)
 
 
-def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: float | None):
+def _gram_d3(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, m22: float):
+    """(tau, estimate, info) by Theorem D3 with delta = sqrt(m22) rounded up: h^2 Kronecker terms where Theorem D4's
+    h^4 do not fit (12 heads at C = 768)."""
+    A, GC, GB = block_matrices(q, H, W, Q, eta)
+    delta = _up(math.sqrt(m22) * (1 + 2 * rounding.unit_roundoff(torch.float64)))
+    eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
+    tau, est = certify_block(A, GC, GB, delta, eps, sigma)
+    return tau, est, dict(eps=eps, sigma=sigma, errors=dict(A=A.err, GC=GC.err, GB=GB.err))
+
+
+def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tuple[torch.Tensor, int]:
+    """(Q (N x k) with orthonormal columns up to rounding, r): the leading r <= k / 2 token profiles of guide (left
+    singular vectors of its N x C matrix with singular values above 1e-8 of the first), then the envelope's top
+    eigenvectors Q_env with those projected out. No guide: Q_env itself, r = 0. Any Q is sound; this one puts T's
+    top singular vector (nearly) inside U."""
+    if guide is None:
+        return Q_env, 0
+    N = Q_env.shape[0]
+    G = guide.reshape(N, -1).to(Q_env.dtype)
+    if not bool(torch.isfinite(G).all()) or float(G.abs().max()) == 0.0:
+        return Q_env, 0
+    with sp.single_thread():
+        U, s, _ = torch.linalg.svd(G / G.abs().max(), full_matrices=False)
+        r = min(k // 2, int((s > 1e-8 * s[0]).sum()))
+        A = U[:, :r]
+        rest = Q_env - A @ (A.T @ Q_env)
+        Q = torch.linalg.qr(torch.cat([A, rest[:, :k - r]], 1))[0]
+    return Q, r
+
+
+def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: float | None,
+                     guide: torch.Tensor | None = None):
     """(envelope error, tau_R >= lambda_max(R_f), Q (N x k), eta, m22 >= lambda_max(R_f on span(Q)^perp), info) for
-    the circulant Gram envelope (normalised units, squared). Up to 32 x 32 (gram_envelope.dense) R_f is stored: Q its
-    top eigenvectors, tau_R and m22 Cholesky-checked on it. Beyond, f alone (lipcheck.bounds.gram_lowrank): Q by
-    Lanczos with FFT products, m22 by the low-rank split, tau_R = max f (R_f is a compression of the circulant with
-    eigenvalues f)."""
+    the circulant Gram envelope (normalised units, squared). Up to 32 x 32 (gram_envelope.dense) R_f is stored: Q from
+    its top eigenvectors (`guided_basis`), tau_R and m22 Cholesky-checked on it (with a guide, Q is not R_f's top
+    eigenspace: c = 1024 lambda_1 pushes Q's directions far down, so lambda_max(R_f - c Q Q^T) is within about
+    lambda_1 / 1000 of lambda_max(R_f on span(Q)^perp); the guess is then the eigensolver's). Beyond, f alone
+    (lipcheck.bounds.gram_lowrank): Lanczos with FFT products, m22 by the low-rank split, tau_R = max f (R_f is a
+    compression of the circulant with eigenvalues f)."""
     if ge.dense(H, W):
         env = ge.gram_envelope(q, H, W, budget=envelope_budget)
         tau_R = ge.certified_top(env)
         ev, Q = top_eigenvectors(env.R, k)
+        Q, r = guided_basis(Q, guide, k)
         eta = orthonormality_defect(Q)
-        c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
-        m22 = certify_delta(env.R, env.err, Q, float(ev[k]), c=c)
-        return env.err, tau_R, Q, eta, m22, dict(envelope_seconds=env.seconds, envelope_norms=env.norms)
+        if r:
+            m22 = certify_delta(env.R, env.err, Q, None, c=1024 * max(float(ev[0]), 0.0))
+        else:
+            c = max(float(ev[0]) - float(ev[k]), 0.0) * (1 + 1e-9)
+            m22 = certify_delta(env.R, env.err, Q, float(ev[k]), c=c)
+        return env.err, tau_R, Q, eta, m22, dict(envelope_seconds=env.seconds, envelope_norms=env.norms,
+                                                 guide_profiles=r)
     t0 = time.perf_counter()
     f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget)
     ev, Q = gl.top_vectors(f, H, W, k)
+    Q, r = guided_basis(Q, guide, k)
     eta = orthonormality_defect(Q)
-    d0 = gl.level_for(f, float(ev[0]), float(ev[k]))
+    d0 = gl.level_for(f, float(ev[0]), float(ev[k - r]))
     m22, columns = gl.complement_bound(f, H, W, Q, eta, d0)
     return 0.0, float(f.max()), Q, eta, m22, dict(envelope_seconds=time.perf_counter() - t0, envelope_norms=norms,
-                                                  complement_method="low-rank", split_level=d0, columns=columns)
+                                                  complement_method="low-rank", split_level=d0, columns=columns,
+                                                  guide_profiles=r)

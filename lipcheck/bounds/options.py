@@ -132,9 +132,10 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
 
     1. N C <= exact_max: the dense SVD, verified by Cholesky, is ||T|| up to rounding: nothing beats it.
     2. The deflated bound with the circulant Gram envelope on the complement (Theorem D4) where the envelope fits
-       (half the torus within gram_envelope.MAX_FREQUENCIES: up to 32 x 32) and some k >= 1 token functions fit
+       (half the torus within gram_envelope.MAX_TORUS_FREQUENCIES: up to 128 x 128; stored densely up to 32 x 32,
+       beyond as f alone with the low-rank complement of Lemma G3) and some k >= 1 token functions fit
        the work budgets (deflation.planned_k: k C near 4608, heads^4 (k C)^2 <= GRAM_BUDGET, both scaled by
-       budget_s / 60 s): within 1e-6 to 1e-3 of ||T|| on the layers measured, 5-35 s.
+       budget_s / 60 s); half of the k token functions are the profiles of a Lanczos Ritz vector of T.
     3. The Toeplitz majorant up to 4096 tokens (64 x 64), its refinement capped at majorant.planned_rounds (scaled
        by budget_s / 60 s).
     4. Beyond: the circulant embedding and the closed forms (always computed).
