@@ -17,7 +17,7 @@ COMMANDS = {
               "dense attention's Lipschitz growth, certified lower bounds (S4)"),
     "wellposed": ("divergence", ("divergence",),
                   "Picard-Lindelof on the ODE ViT: proven enclosures, sweeps, Gronwall (S5)"),
-    "exactness": ("exactness", (), "every certified upper bound beside the exact norm at ViT grids"),
+    "exactness": ("exactness", (), "the default certification's gap at every ViT grid and width"),
     "bench": ("throughput", ("throughput",), "throughput and peak memory against dense attention"),
     "train": ("training", (), "train a model (or the matched SSoG / attention comparison on digits)"),
     "trained": ("trained", (), "the three verdicts on the digits models `lipcheck train` wrote"),

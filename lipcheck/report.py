@@ -215,8 +215,8 @@ REPORTS = {
                      "or the check that failed and where (`experiments/divergence.py --enclosure-only --preset ti`).",
     "lipschitz": "Certified two-sided Lipschitz bounds for fixed-kernel SSoG at every grid size, the resolution-free "
                  "bound, and the block / vector-field constants (S1-S3).",
-    "exactness": "Every certified upper bound on Lip(SSoG) beside the exact norm at ViT token grids: the Toeplitz "
-                 "majorant, the circulant embedding, a size-independent zero-padding bound, power iteration.",
+    "exactness": "The default certification at every grid and width a ViT uses: certified lower and upper bounds on "
+                 "Lip(SSoG), their gap against a target, seconds, beside the circulant embedding and the exact norm.",
     "attention_growth": "Certified lower bounds showing dense attention's local Lipschitz constant grows like R^2, "
                         "against SSoG's flat constant (S4).",
     "throughput": "Throughput and peak memory of SSoG vs dense attention up to 1024x1024, with multiply-add ratios.",
