@@ -212,3 +212,52 @@ def test_theorem_d3_with_the_envelope_where_d4_does_not_fit(monkeypatch, guided)
     b = df.deflated_bound(params(*layer), H, W, k=k, complement="gram", guide=guide)
     assert b.info["theorem"] == "D3"
     assert s[0] * (1 - 1e-12) <= b.upper <= s[0] * 1.02
+
+
+def test_envelope_on_one_vector_and_the_documented_margins():
+    """apply_envelope on a vector returns a vector (R_f x, against R_f written here); envelope_columns' error bound and
+    complement_bound's value are the formulas of proofs/S2.md (Lemma G3, 'Rounding'), recomputed here from the
+    stored matrices, so a loosened or tightened margin is caught."""
+    from lipcheck import rounding
+    from lipcheck.bounds.approx import _Approx, _deflect, _mm, _up
+    from lipcheck.bounds.gram_envelope import trig_error
+    rng = np.random.default_rng(12)
+    H, W = 4, 5
+    f = even_symbol(rng, 7, 9, 6.0)
+    R = envelope_matrix(f, H, W)
+    x = rng.standard_normal(H * W)
+    y = gl.apply_envelope(f, H, W, x)
+    assert y.shape == (H * W,)
+    np.testing.assert_allclose(y, R @ x, atol=1e-12 * np.abs(f).sum())
+    ft = torch.tensor(f)
+    d0 = float(np.quantile(f, 0.6))
+    At = gl.envelope_columns(ft, H, W, d0)
+    u = 2.0 ** -53
+    e = trig_error(u)
+    rel = (2 * (2 * e + e * e) + 4 * u * (1 + e) ** 2) * (1 + 3 * u) + 5 * u
+    val = At.val
+    # the weights squared: per column the largest |entry| is at most the weight; sum_rows weight^2 from g itself
+    ff = ft.reshape(-1)
+    L1, L2 = f.shape
+    a, b = torch.arange(L1), torch.arange(L2)
+    idx = (a[:, None] * L2 + b[None, :]).reshape(-1)
+    mirror = (((L1 - a) % L1)[:, None] * L2 + ((L2 - b) % L2)[None, :]).reshape(-1)
+    pick = (idx <= mirror) & (ff > d0)
+    g = torch.nextafter(ff[pick] - d0, torch.tensor(math.inf, dtype=torch.float64))
+    sm = (idx[pick] == mirror[pick]).double()
+    wt = torch.sqrt(((2.0 - sm) * g) / (L1 * L2))
+    wsum = float((wt.square() * (1 + (sm == 0).double())).sum()) * (1 + rounding.gamma(2 * wt.numel() + 4))
+    fro = float(val.square().sum().sqrt()) * (1 + rounding.gamma(val.numel() + 4))
+    err = (rel * math.sqrt(H * W * wsum) * (1 + 4 * u) + 3 * u * fro) * (1 + 4 * u)
+    assert At.err == _up(err)
+    Q = torch.linalg.qr(torch.tensor(rng.standard_normal((H * W, 3))))[0]
+    eta = df.orthonormality_defect(Q)
+    Z = _deflect(_Approx(Q, eta), At)
+    G = _mm(_Approx(Z.val, 0.0), _Approx(Z.val, 0.0), tX=True)
+    S = (G.val + G.val.T) / 2
+    from lipcheck.bounds import spectral as sp
+    with sp.single_thread():
+        lam = float(rounding.verified_lambda_max(S, tries=20))
+    znorm = math.sqrt(_up(max(lam, 0.0) + G.err + 2 * u * G.fro)) * (1 + 2 * u)
+    want = _up((d0 + _up((znorm + Z.err) ** 2 * (1 + 4 * u))) * (1 + 2 * u))
+    assert gl.complement_bound(ft, H, W, Q, eta, d0) == (want, val.shape[1])

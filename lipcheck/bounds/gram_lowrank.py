@@ -51,7 +51,7 @@ def top_vectors(f: torch.Tensor, H: int, W: int, k: int, *, seed: int = 0, tol: 
     N = H * W
     fn = f.detach().cpu().numpy()
     op = LinearOperator((N, N), matvec=lambda v: apply_envelope(fn, H, W, np.asarray(v).reshape(-1)),
-                        matmat=lambda V: apply_envelope(fn, H, W, np.asarray(V)), dtype=np.float64)
+                        dtype=np.float64)
     v0 = np.random.default_rng(seed).standard_normal(N)
     ev, V = eigsh(op, k=k + 1, which="LA", v0=v0, tol=tol, ncv=min(N, max(2 * k + 2, k + 32)))
     order = np.argsort(ev)[::-1]

@@ -219,10 +219,12 @@ def deflated(run: _Run) -> Stage | None:
 
 def majorant(run: _Run) -> Stage | None:
     """The Toeplitz majorant (majorant.py), where the plan picks it or where the deflated bound the size rule chose
-    was skipped or failed and the grid is within its reach."""
+    was skipped, failed or did not beat the circulant embedding (too few token functions for the grid: C = 384 at
+    64 x 64, k = 12), and the grid is within its reach."""
     o, pl = run.o, run.pl
-    fallback = (pl.deflated and "deflated" not in run.bounds and o.deflated is None and o.majorant is None
-                and not pl.exact and run.H * run.W <= 4096)
+    lost = "deflated" not in run.bounds or not run.info.get("deflated", {}).get("gave_upper", False)
+    fallback = pl.deflated and lost and o.deflated is None and o.majorant is None and not pl.exact and \
+        run.H * run.W <= 4096
     if not (pl.majorant or fallback) or run.late("majorant"):
         return None
     mkw = {}
