@@ -381,8 +381,10 @@ def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     return max(k, 0)
 
 
-def d3_affordable(heads: int, k: int, C: int, budget: float = GRAM_BUDGET) -> bool:
-    """Whether Theorem D3's matrices fit the budget: h^2 Kronecker terms of (k C)^2 entries, h^2 channel products."""
+def d3_affordable(heads: int, k: int, C: int, budget: float | None = None) -> bool:
+    """Whether Theorem D3's matrices fit the budget (default GRAM_BUDGET): h^2 Kronecker terms of (k C)^2 entries, h^2
+    channel products."""
+    budget = GRAM_BUDGET if budget is None else budget
     return heads ** 2 * float(k * C) ** 2 <= budget and heads ** 2 * float(C) ** 3 <= budget
 
 
