@@ -537,7 +537,9 @@ def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tup
     if guide is None:
         return Q_env, 0
     N = Q_env.shape[0]
-    G = guide.reshape(N, -1).to(Q_env.dtype)
+    # rounded to float32 first: a Ritz vector can differ in its last bits between two runs (BLAS paths depend on
+    # memory alignment), and the bound should not
+    G = guide.reshape(N, -1).to(torch.float32).to(Q_env.dtype)
     if not bool(torch.isfinite(G).all()) or float(G.abs().max()) == 0.0:
         return Q_env, 0
     with sp.single_thread():
