@@ -191,7 +191,7 @@ def test_guided_basis_holds_the_guide():
     assert r == 2 and Q.shape == (N, k)
     np.testing.assert_allclose((Q.T @ Q).numpy(), np.eye(k), atol=1e-12)
     resid = G - Q @ (Q.T @ G)
-    assert float(resid.norm()) <= 1e-10 * float(G.norm())
+    assert float(resid.norm()) <= 1e-6 * float(G.norm())  # the guide passes through float32
     assert df.guided_basis(Qe, None, k) == (Qe, 0)
 
 

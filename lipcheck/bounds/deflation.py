@@ -531,7 +531,8 @@ def _gram_d3(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, m22:
 
 def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tuple[torch.Tensor, int]:
     """(Q (N x k) with orthonormal columns up to rounding, r): the leading r <= k / 2 token profiles of guide (left
-    singular vectors of its N x C matrix with singular values above 1e-8 of the first), then the envelope's top
+    singular vectors of its N x C matrix with singular values above 1e-6 of the first, above the float32 rounding
+    the guide passes through), then the envelope's top
     eigenvectors Q_env with those projected out. No guide: Q_env itself, r = 0. Any Q is sound; this one puts T's
     top singular vector (nearly) inside U."""
     if guide is None:
@@ -544,7 +545,7 @@ def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tup
         return Q_env, 0
     with sp.single_thread():
         U, s, _ = torch.linalg.svd(G / G.abs().max(), full_matrices=False)
-        r = min(k // 2, int((s > 1e-8 * s[0]).sum()))
+        r = min(k // 2, int((s > 1e-6 * s[0]).sum()))
         A = U[:, :r]
         rest = Q_env - A @ (A.T @ Q_env)
         Q = torch.linalg.qr(torch.cat([A, rest[:, :k - r]], 1))[0]
