@@ -261,3 +261,17 @@ def test_envelope_on_one_vector_and_the_documented_margins():
     znorm = math.sqrt(_up(max(lam, 0.0) + G.err + 2 * u * G.fro)) * (1 + 2 * u)
     want = _up((d0 + _up((znorm + Z.err) ** 2 * (1 + 4 * u))) * (1 + 2 * u))
     assert gl.complement_bound(ft, H, W, Q, eta, d0) == (want, val.shape[1])
+
+
+def test_coarse_rounding_is_upward_and_absorbs_last_bits():
+    """coarse_up (the deflated stage's result): never below x, at most 2^-39 above, a fixed point, and x and the
+    floats one or two ulps away land on the same value unless a 40-bit step lies between them."""
+    from lipcheck.bounds.lipschitz import coarse_up
+    rng = np.random.default_rng(0)
+    same = 0
+    for x in np.exp(rng.uniform(-690, 690, 200)):
+        y = coarse_up(float(x))
+        assert x <= y <= x * (1 + 2.0 ** -39) and coarse_up(y) == y
+        same += coarse_up(float(np.nextafter(np.nextafter(x, np.inf), np.inf))) == y
+    assert same >= 195
+    assert coarse_up(0.0) == 0.0 and coarse_up(math.inf) == math.inf and math.isnan(coarse_up(math.nan))

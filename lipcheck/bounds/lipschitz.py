@@ -201,7 +201,7 @@ def deflated(run: _Run) -> Stage | None:
         return Stage(None, f"failed, not used: {err}", dict(error=str(err)))
     if db.info.get("envelope") == "majorant":
         run.late("deflated")  # past the deadline now: its envelope's refinement may have been stopped; listed
-    dval = db.upper  # already scaled back by q.log2_scale, as the majorant's
+    dval = coarse_up(db.upper)  # already scaled back by q.log2_scale, as the majorant's
     info = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"), gave_upper=dval < run.upper,
                 upper_from=db.info.get("upper_from"))
     if db.info.get("theorem") == "D3":
@@ -215,6 +215,16 @@ def deflated(run: _Run) -> Stage | None:
                   f"on the complement, Cholesky-certified")
     info["envelope"] = db.info.get("envelope")
     return Stage(dval, method, info)
+
+
+def coarse_up(x: float) -> float:
+    """x rounded up to 40 significant bits (at most 2^-39 relative, exact arithmetic): an upper bound stays one, and
+    the last-bit differences the deflated stage shows between two identical calls in one process (BLAS paths that
+    depend on memory alignment; 1-2 ulp measured) no longer reach the result, but where they straddle a step."""
+    if not (math.isfinite(x) and x > 0):
+        return x
+    m, e = math.frexp(x)
+    return math.ldexp(math.ceil(math.ldexp(m, 40)), e - 40)
 
 
 def majorant(run: _Run) -> Stage | None:
