@@ -53,7 +53,8 @@ GROUPS = {
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],
                  "not wired_into_ssog_lipschitz"),  # that test patches keyword defaults, which mutmut wraps
     "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py", "tests/test_gram_envelope.py",
-                                                     "tests/test_certify_default.py"], None),
+                                                     "tests/test_certify_default.py", "tests/test_gram_lowrank.py"],
+                  None),
     "gram_envelope": (["lipcheck/bounds/gram_envelope.py"], ["tests/test_gram_envelope.py"], None),
     "gram_lowrank": (["lipcheck/bounds/gram_lowrank.py"], ["tests/test_gram_lowrank.py"], None),
     # the deflated bound's parameter search: estimates only (any choice is certified), reported on its own

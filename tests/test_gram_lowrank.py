@@ -122,7 +122,8 @@ def test_low_rank_path_against_dense_svd(monkeypatch, kind, seed):
     monkeypatch.setattr(ge, "MAX_FREQUENCIES", 0)
     assert not ge.dense(H, W)
     low = df.deflated_bound(params(*layer), H, W, k=k, complement="gram")
-    assert low.info["complement_method"] == "low-rank"
+    assert low.info["complement_method"] == "low-rank" and low.info["kC"] == k * layer[3].shape[0]
+    assert 0 < low.info["envelope_seconds"] <= low.seconds and low.info["columns"] >= 1
     assert exact * (1 - 1e-12) <= low.upper <= dense.upper * (1 + 1e-3)
     assert exact * (1 - 1e-12) <= dense.upper <= exact * 1.01
     if kind == "random":
