@@ -74,6 +74,22 @@ def dense(H: int, W: int) -> bool:
     return half_torus(H, W) <= MAX_FREQUENCIES
 
 
+def torus_pairs(L1: int, L2: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx, mirror) over the L1 x L2 torus, row-major: each frequency's flat index and that of -w (mod the torus)."""
+    a, b = torch.arange(L1, device=device), torch.arange(L2, device=device)
+    idx = (a[:, None] * L2 + b[None, :]).reshape(-1)
+    mirror = (((L1 - a) % L1)[:, None] * L2 + ((L2 - b) % L2)[None, :]).reshape(-1)
+    return idx, mirror
+
+
+def angle_table(rows: torch.Tensor, cols: torch.Tensor, L: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of 2 pi (r c mod L) / L for integers r in rows, c in cols: the reduction exact in integers, each
+    entry within trig_error(u) of the exact value."""
+    m = (rows[:, None] * cols[None, :]) % L  # exact integers in [0, L)
+    ang = (m.to(dtype) * TWO_PI) / L
+    return torch.cos(ang), torch.sin(ang)
+
+
 def trig_error(u: float) -> float:
     """|fl(cos(fl(fl(TWO_PI m) / L))) - cos(2 pi m / L)| for integers 0 <= m < L (and sin likewise): TWO_PI errs by
     <= 2 pi u, the product and the division round once each, so the angle (<= 2 pi) errs by <= 2 pi (3u + 3u^2); cos
@@ -99,9 +115,7 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
     L1, L2 = c.shape[:2]
     dev = c.device
-    a, b = torch.arange(L1, device=dev), torch.arange(L2, device=dev)
-    idx = (a[:, None] * L2 + b[None, :]).reshape(-1)
-    mirror = (((L1 - a) % L1)[:, None] * L2 + ((L2 - b) % L2)[None, :]).reshape(-1)
+    idx, mirror = torus_pairs(L1, L2, dev)
     keep = idx <= mirror  # one of each pair (w, -w); the self-mirrored ones once
     sn = sp.SymbolNorm(q)
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
@@ -138,10 +152,7 @@ def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.
     u = rounding.unit_roundoff(dt)
 
     def tables(L: int, n: int):
-        D = torch.arange(-(n - 1), n, device=dev)
-        m = (D[:, None] * torch.arange(L, device=dev)[None, :]) % L  # exact integers in [0, L)
-        ang = (m.to(dt) * TWO_PI) / L
-        return torch.cos(ang), torch.sin(ang)
+        return angle_table(torch.arange(-(n - 1), n, device=dev), torch.arange(L, device=dev), L, dt)
 
     cy, sy = tables(L1, H)
     cx, sx = tables(L2, W)

@@ -26,7 +26,7 @@ import torch
 from .. import rounding
 from . import spectral as sp
 from .approx import _Approx, _deflect, _mm, _up
-from .gram_envelope import TWO_PI, trig_error
+from .gram_envelope import angle_table, torus_pairs, trig_error
 
 # columns of A at most (about one per torus frequency above the level): the N x s products and the s x s Cholesky
 # stay within seconds at 64 x 64 and 128 x 128
@@ -83,9 +83,7 @@ def envelope_columns(f: torch.Tensor, H: int, W: int, d0: float) -> _Approx:
     L1, L2 = f.shape
     dev, dt = f.device, torch.float64
     u = rounding.unit_roundoff(dt)
-    a, b = torch.arange(L1, device=dev), torch.arange(L2, device=dev)
-    idx = (a[:, None] * L2 + b[None, :]).reshape(-1)
-    mirror = (((L1 - a) % L1)[:, None] * L2 + ((L2 - b) % L2)[None, :]).reshape(-1)
+    idx, mirror = torus_pairs(L1, L2, dev)
     ff = f.reshape(-1)
     pick = (idx <= mirror) & (ff > d0)
     sel = idx[pick]
@@ -95,13 +93,8 @@ def envelope_columns(f: torch.Tensor, H: int, W: int, d0: float) -> _Approx:
     self_mirror = (idx[pick] == mirror[pick]).to(dt)
     wt = torch.sqrt(((2.0 - self_mirror) * g) / (L1 * L2))
 
-    def table(L: int, n: int, rows: torch.Tensor):
-        m = (rows[:, None] * torch.arange(n, device=dev)[None, :]) % L  # exact integers in [0, L)
-        ang = (m.to(dt) * TWO_PI) / L
-        return torch.cos(ang), torch.sin(ang)
-
-    cy, sy = table(L1, H, ai)  # (s, H)
-    cx, sx = table(L2, W, bi)  # (s, W)
+    cy, sy = angle_table(ai, torch.arange(H, device=dev), L1, dt)  # (s, H)
+    cx, sx = angle_table(bi, torch.arange(W, device=dev), L2, dt)  # (s, W)
     cos = (cy[:, :, None] * cx[:, None, :] - sy[:, :, None] * sx[:, None, :]).reshape(-1, H * W)
     sin = (sy[:, :, None] * cx[:, None, :] + cy[:, :, None] * sx[:, None, :]).reshape(-1, H * W)
     keep_sin = self_mirror == 0  # sin(w . n) vanishes at a self-mirrored w (w = -w mod the torus: w in {0, pi}^2)
