@@ -133,6 +133,20 @@ def test_orthonormality_defect_bounds_the_gram_error():
         df.orthonormality_defect(Q * 2)
 
 
+def test_orthonormality_defect_covers_the_exact_gram_error():
+    """eta >= ||Q^T Q - I||_F computed exactly in rationals (k = 20 columns, N = 21 rows, ||Q^T Q - I||_F = 0.22, near
+    the 0.25 the function accepts), and within 1e-9 of it."""
+    from fractions import Fraction
+    rng = np.random.default_rng(8)
+    N, k = 21, 20
+    Q = torch.linalg.qr(torch.tensor(rng.standard_normal((N, k))))[0] * 1.0241
+    q = [[Fraction(float(x)) for x in row] for row in Q.tolist()]
+    fro2 = sum((sum(q[n][i] * q[n][j] for n in range(N)) - (i == j)) ** 2 for i in range(k) for j in range(k))
+    eta = df.orthonormality_defect(Q)
+    assert Fraction(eta) ** 2 >= fro2
+    assert eta <= math.sqrt(float(fro2)) * (1 + 1e-9)  # and not loose
+
+
 def test_approx_products_cover_the_rounding():
     """_mm's error bound covers the distance between the float64 product and the exact product (computed in
     exact rationals via integers scaled by 2^60) and the inputs' own errors."""
@@ -435,6 +449,13 @@ def test_complement_lemma_d2_against_the_dense_operator(seed, k):
     # the envelope inequality it rests on: T_N(s_up) <= delta I + c Q Q^T (checked on the stored T_N)
     gap = delta * np.eye(H * W) + c * Q.numpy() @ Q.numpy().T - TN.numpy()
     assert np.linalg.eigvalsh(gap)[0] >= -1e-12
+    # the reported complement and leakage norms of the same construction (layer units) against the dense T
+    b = df.deflated_bound(p, H, W, k=k, complement="majorant", time_budget=600.0, max_rounds=4)
+    E = np.kron(Q.numpy(), np.eye(C))
+    scale = 2.0 ** q.log2_scale
+    assert b.info["theorem"] == "D4"
+    assert b.info["leakage"] >= np.linalg.norm(E.T @ T @ Pp, 2) * scale
+    assert b.info["complement"] >= math.sqrt(want) * scale
 
 
 def _gram_blocks_of(T: np.ndarray, m: int):

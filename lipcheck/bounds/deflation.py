@@ -523,7 +523,8 @@ def _gram_d3(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, m22:
     """(tau, estimate, info) by Theorem D3 with delta = sqrt(m22) rounded up: h^2 Kronecker terms where Theorem D4's
     h^4 do not fit (12 heads at C = 768)."""
     A, GC, GB = block_matrices(q, H, W, Q, eta)
-    delta = _up(math.sqrt(m22) * (1 + 2 * rounding.unit_roundoff(torch.float64)))
+    # sqrt rounds by at most u relative: _up's factor 1 + 1e-12 covers it
+    delta = _up(math.sqrt(m22))
     eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
     tau, est = certify_block(A, GC, GB, delta, eps, sigma)
     return tau, est, dict(eps=eps, sigma=sigma, errors=dict(A=A.err, GC=GC.err, GB=GB.err))
