@@ -111,26 +111,34 @@ def _ln_numbers(norm, C, fk):
 def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) -> FieldConstants:
     """The constants of `FieldConstants` for an SSoG block on an H x W grid (||T|| from `ssog_lipschitz`)."""
     from ..mixers.ssog import SSoG
-    from .attention import _frobenius_upper
     from .lipschitz import ssog_lipschitz
     from .spectral import ssog_params
     if not isinstance(block.mixer, SSoG):
         raise TypeError("the enclosure needs a linear mixer (SSoG, fixed kernel): its second derivative vanishes; "
                         f"got {type(block.mixer).__name__}, whose curvature bound is not implemented")
     fk = dict(dtype=dtype, device=device)
-    for name, p in block.named_parameters():
-        if not bool(torch.isfinite(p).all()):
-            raise ValueError(f"block parameter {name} has non-finite entries; fix the weights before certifying")
-    C = block.mixer.dim if hasattr(block.mixer, "dim") else block.mixer.v_proj.in_features
-    g1, e1, r1, _ = _ln_numbers(block.norm1, C, fk)
-    g2, e2, r2, _ = _ln_numbers(block.norm2, C, fk)
+    shared = norm_mlp_numbers(block, fk)
     T = float(ssog_lipschitz(block.mixer, H, W, dtype=dtype, device=device).upper)
     p = ssog_params(block.mixer, dtype=dtype, device=device)
     d = p.head_dim
     T_abs = sum(float(p.alpha[h].abs().sum()) * _op(p.WV[:, h * d:(h + 1) * d].abs() @ p.WO[h * d:(h + 1) * d].abs())
                 for h in range(p.num_heads))  # |G_n| = G_n has row and column sums <= 1
     bo = block.mixer.o_proj.bias
-    bias = float(bo.detach().to(**fk).norm()) if bo is not None else 0.0
+    shared["bias_norm"] += float(bo.detach().to(**fk).norm()) if bo is not None else 0.0
+    return FieldConstants(N=H * W, T_norm=T, T_abs=T_abs, **shared)
+
+
+def norm_mlp_numbers(block, fk) -> dict:
+    """The mixer-free fields of `FieldConstants` (LayerNorms, MLP, the MLP's biases in bias_norm) of any block
+    F = Mixer(LN1 x) + MLP(LN2 x), after refusing non-finite parameters."""
+    from .attention import _frobenius_upper
+    for name, p in block.named_parameters():
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"block parameter {name} has non-finite entries; fix the weights before certifying")
+    C = block.mixer.dim if hasattr(block.mixer, "dim") else block.mixer.v_proj.in_features
+    g1, e1, r1, _ = _ln_numbers(block.norm1, C, fk)
+    g2, e2, r2, _ = _ln_numbers(block.norm2, C, fk)
+    bias = 0.0
     if block.mlp is not None:
         w1, w2 = block.mlp.fc1.weight.detach().to(**fk), block.mlp.fc2.weight.detach().to(**fk)
         b1 = block.mlp.fc1.bias.detach().to(**fk).norm() if block.mlp.fc1.bias is not None else 0.0
@@ -143,9 +151,9 @@ def field_constants(block, H: int, W: int, *, dtype=torch.float64, device=None) 
         W1 = W2 = W1a = W2a = W1r = 0.0
         hidden = 0
     from .. import symbolic
-    return FieldConstants(C=C, N=H * W, T_norm=T, T_abs=T_abs, g1=g1, g2=g2, eps1=e1, eps2=e2, W1=W1, W2=W2,
-                          W1_abs=W1a, W2_abs=W2a, gelu1=symbolic.gelu_derivative_sup("exact"), bias_norm=bias,
-                          rho1=r1, rho2=r2, hidden=hidden, W1_row=W1r)
+    return dict(C=C, g1=g1, g2=g2, eps1=e1, eps2=e2, W1=W1, W2=W2, W1_abs=W1a, W2_abs=W2a,
+                gelu1=symbolic.gelu_derivative_sup("exact"), bias_norm=bias, rho1=r1, rho2=r2, hidden=hidden,
+                W1_row=W1r)
 
 
 def rounding_bounds(k: FieldConstants, y: torch.Tensor, v: float) -> tuple[torch.Tensor, float]:
