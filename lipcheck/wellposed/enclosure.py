@@ -36,6 +36,7 @@ import time
 import torch
 
 from ..bounds import lognorm as ln  # noqa: F401  (SSoGField's constants; tests replace them through here)
+from .attention_field import make_field
 from .direct import enclose_direct
 from .distance import _distance, _node_distances, _rough_distance
 from .envelope import lognorm_envelope  # noqa: F401
@@ -77,7 +78,7 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
     if torch.as_tensor(images).shape[:1] == (0,):
         raise EnclosureError("images is an empty batch: give at least one image")
     block, x0, t1 = prepare(model, images, input_scale=input_scale, device=device, dtype=dtype)
-    field = SSoGField(block, x0.shape[1], x0.shape[2], lognorm=lognorm, dtype=dtype, device=x0.device)
+    field = make_field(block, x0.shape[1], x0.shape[2], lognorm=lognorm, dtype=dtype, device=x0.device)
     return enclose_field(field, x0, t1, method=method, tol=tol, ref_tol=ref_tol, defect_ratio=defect_ratio,
                          mu_slack=mu_slack, max_per_step=max_per_step, tube=tube, max_tube=max_tube,
                          ref_defect_ratio=ref_defect_ratio, ref_mu_slack=ref_mu_slack,
