@@ -288,20 +288,23 @@ def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: floa
     consecutive runs of `batch`; `lipcheck.shard` deals them out to processes); rows come in that order.
 
     Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds (its share
-    of its batch's), and where not proven the reason. A model whose mixer the enclosure cannot take (dense
-    attention: no bound on its field's second derivative) is refused per image with that reason, not proven.
+    of its batch's), the field's constants (`field`: the mixer's Lipschitz and curvature constants, the field's
+    at the batch's token-variance floor, the largest log-norm over the tube), and where not proven the reason.
+    SSoG and dense-attention fields are enclosed (`wellposed.attention_field.make_field`); a model whose mixer
+    has no field (or attention without LayerNorm) is refused per image with that reason, not proven.
     keep_center: each row also holds the enclosure's centre at t1 ("center_t1", a tensor) for checks against
     another solve."""
     import time
 
     from . import shard, wellposed
+    from .wellposed.attention_field import make_field
     block, x0, t1 = wellposed.prepare(model, images)
     if batches is None:
         batches = shard.batches(x0.shape[0], batch)
     t = time.perf_counter()
-    try:  # the field's constants (||T||, curvature, LayerNorm's) once for every image
-        field = wellposed.SSoGField(block, x0.shape[1], x0.shape[2])
-    except TypeError as err:  # the field's curvature constant is not available for this mixer
+    try:  # the field's constants (||T|| or attention's, curvature, LayerNorm's) once for every image
+        field = make_field(block, x0.shape[1], x0.shape[2])
+    except (TypeError, ValueError) as err:  # no field for this mixer (or no LayerNorm before attention)
         return [{"image": i, "proven": False, "refused": True, "reason": str(err), "t_proven": 0.0,
                  "radius_t1": math.inf, "actual_t1": None, "ratio_t1": None, "seconds": time.perf_counter() - t}
                 for idx in batches for i in idx]
@@ -319,13 +322,12 @@ def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, kee
 
     from . import wellposed
     t = time.perf_counter()
-    field._cache = {}  # eigenvector guesses start afresh: a batch's numbers do not depend on the batch before it
-    if getattr(field, "_dense", None) is not None:
-        field._dense.vec = None
+    field.reset()  # eigenvector guesses start afresh: a batch's numbers do not depend on the batch before it
     enc = wellposed.enclose_field(field, x0, t1, tol=tol, max_seconds=max_seconds, progress=progress)
     seconds = (time.perf_counter() - t) / len(idx)
     ref = wellposed.reference_solution(block, x0, t1, rel_tol=1e-13, start_steps=64)
     actual = wellposed.sample_norm(ref.states[-1] - enc.center[-1]).tolist()
+    consts = field.constants(enc.stats["variance_floor"])  # at the floor the tubes of this batch kept
     rows = []
     for b, i in enumerate(idx):
         finite = torch.isfinite(enc.radius[:, b])
@@ -334,7 +336,9 @@ def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, kee
                "t_proven": float(enc.t[last]) if last >= 0 else 0.0, "radius_t1": float(enc.radius[-1, b]),
                "radius_proven": float(enc.radius[last, b]) if last >= 0 else math.inf, "seconds": seconds,
                "batch": len(idx), "constants_s": constants_s, "actual_t1": actual[b],
-               "reference_error": float(ref.abs_error[:, b].max())}
+               "reference_error": float(ref.abs_error[:, b].max()),
+               "field": {**consts, "variance_floor": enc.stats["variance_floor"],
+                         "mu_max": float(enc.mu[:, b].max()) if enc.mu.numel() else math.nan}}
         row.update(ratio_t1=row["radius_t1"] / actual[b] if actual[b] > 0 else math.inf,
                    inside=bool(actual[b] <= row["radius_t1"]))
         if keep_center:

@@ -169,8 +169,22 @@ def test_wellposed_on_a_checkpoint_writes_into_docs_only(runs, tmp_path, capsys,
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Reproduce: lipcheck wellposed")
 
 
-def test_the_attention_field_is_refused_with_the_constant_that_failed(runs):
+def test_enclosure_of_a_trained_attention_model_holds_a_solve_made_here(runs):
     ck = C.load(runs / "ode-attention")
-    rows = verdicts.enclose_images(ck.model, C.images(ck, n=1))
+    images = C.images(ck, n=1)
+    r = verdicts.enclose_images(ck.model, images, keep_center=True)[0]
+    assert r["proven"] and not r["refused"], r["reason"]
+    err = float((_solve_here(ck.model, images)[0] - r["center_t1"]).norm())
+    assert err <= r["radius_t1"] and r["ratio_t1"] >= 1.0
+    f = r["field"]  # the constants the report shows: attention's own curvature enters the field's
+    assert f["mixer"] == "attention" and 0 < f["mixer_curvature"] and f["mixer_lipschitz"] < f["lipschitz"]
+    assert f["curvature"] > 0 and f["mixer_curvature"] > 0 and f["variance_floor"] > 0 and f["mu_max"] < math.inf
+
+
+def test_a_mixer_without_a_field_is_refused_naming_it(runs):
+    ck = C.load(runs / "ode-attention")
+    model = copy.deepcopy(ck.model)
+    model.vector_field.block.mixer = torch.nn.Identity()
+    rows = verdicts.enclose_images(model, C.images(ck, n=1))
     assert rows[0]["refused"] and not rows[0]["proven"] and math.isinf(rows[0]["radius_t1"])
-    assert "curvature" in rows[0]["reason"]
+    assert "Identity" in rows[0]["reason"]

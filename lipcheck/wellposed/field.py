@@ -40,6 +40,18 @@ class SSoGField:
     def rounding(self, y, v):
         return ln.rounding_bounds(self.k, y, v)
 
+    def reset(self) -> None:
+        """Forget the eigenvector guesses of earlier points (the next bounds do not depend on them)."""
+        self._cache = {}
+        if self._dense is not None:
+            self._dense.vec = None
+
+    def constants(self, v: float) -> dict:
+        """The field's constants at token-variance floor v, for reports (||T|| in the mixer's place; a linear
+        mixer has no curvature of its own)."""
+        return {"mixer": "ssog", "mixer_lipschitz": self.k.T_norm, "mixer_curvature": 0.0,
+                "token_radius": self.k.rho1, "lipschitz": self.lipschitz(v), "curvature": self.curvature(v)}
+
     def lognorm(self, y, v, eps_J):
         if self.lognorm_kind == "dense":
             return self._dense(y, eps_J)
