@@ -175,6 +175,68 @@ b3 = [sum(sp.binomial(j, k) / sp.binomial(n3, k) * a_s[k] for k in range(j + 1))
 check("power -> Bernstein: b_j = sum_k C(j,k)/C(n,k) a_k (cubic)",
       sp.expand(sum(b * B for b, B in zip(b3, B3)) - sum(a * sg ** k for k, a in enumerate(a_s))) == 0)
 
+# Step A1 ("The attention field", Lemma A1): softmax's derivatives as moments. For p = softmax(s) on 3 entries,
+# d E_p[g][a] = Cov_p(a, g) and d^2 E_p[g][a, b] = E_p[(a - a_bar)(b - b_bar)(g - g_bar)]; then the attention
+# output y_i = sum_j p_ij z_j with s_ij = (a z_i + c) z_j / sigma (2 tokens, C = 1) has
+# D^2 y_i[U, V] = Cov_i(h, u) + Cov_i(f, v) + Cov_i(e, z) + E_i[(h - h_bar)(f - f_bar)(z - z_bar)].
+ss, gg, aa, bb = (sp.symbols(f"{n}0:3") for n in ("s", "g", "a", "b"))
+ep, et = sp.symbols("epsilon eta")
+pexp = [sp.exp(ss[j] + ep * aa[j] + et * bb[j]) for j in range(3)]
+Eg = sum(pexp[j] * gg[j] for j in range(3)) / sum(pexp)
+p0 = [sp.exp(ss[j]) / sum(sp.exp(x) for x in ss) for j in range(3)]
+E0 = lambda f: sum(p0[j] * f[j] for j in range(3))  # noqa: E731
+cen = lambda f: [f[j] - E0(f) for j in range(3)]  # noqa: E731
+num = {**{ss[j]: sp.Rational(j + 1, 3) for j in range(3)}, **{gg[j]: sp.Rational(2 - j, 5) for j in range(3)},
+       **{aa[j]: sp.Rational(3 * j - 1, 7) for j in range(3)}, **{bb[j]: sp.Rational(j * j - 2, 4) for j in range(3)}}
+d1 = sp.diff(Eg, ep).subs({ep: 0, et: 0})
+cov = E0([x * y for x, y in zip(cen(aa), cen(gg))])
+check("d E_p[g][a] = Cov_p(a, g)", abs(sp.N((d1 - cov).subs(num), 30)) < 1e-25)
+d2 = sp.diff(Eg, ep, et).subs({ep: 0, et: 0})
+third = E0([x * y * w for x, y, w in zip(cen(aa), cen(bb), cen(gg))])
+check("d^2 E_p[g][a, b] = E_p[(a - a_bar)(b - b_bar)(g - g_bar)]", abs(sp.N((d2 - third).subs(num), 30)) < 1e-25)
+A_, c_, sig = sp.symbols("A c sigma", positive=True)
+zs, us, vs2 = sp.symbols("z0:2"), sp.symbols("u0:2"), sp.symbols("w0:2")
+Zt = [zs[j] + ep * us[j] + et * vs2[j] for j in range(2)]
+ok = True
+for i in range(2):
+    sc = [(A_ * Zt[i] + c_) * Zt[j] / sig for j in range(2)]
+    yi = sum(sp.exp(sc[j]) * Zt[j] for j in range(2)) / sum(sp.exp(x) for x in sc)
+    D2y = sp.diff(yi, ep, et).subs({ep: 0, et: 0})
+    s0 = [(A_ * zs[i] + c_) * zs[j] / sig for j in range(2)]
+    q = [sp.exp(x) / sum(sp.exp(y) for y in s0) for x in s0]
+    E = lambda f: sum(q[j] * f[j] for j in range(2))  # noqa: E731
+    C_ = lambda f: [f[j] - E(f) for j in range(2)]  # noqa: E731
+    Cov = lambda f, g: E([x * y for x, y in zip(C_(f), C_(g))])  # noqa: E731
+    f_ = [(us[i] * A_ * zs[j] + (A_ * zs[i] + c_) * us[j]) / sig for j in range(2)]
+    h_ = [(vs2[i] * A_ * zs[j] + (A_ * zs[i] + c_) * vs2[j]) / sig for j in range(2)]
+    e_ = [(us[i] * A_ * vs2[j] + vs2[i] * A_ * us[j]) / sig for j in range(2)]
+    formula = (Cov(h_, list(us)) + Cov(f_, list(vs2)) + Cov(e_, list(zs))
+               + E([x * y * w for x, y, w in zip(C_(h_), C_(f_), C_(list(zs)))]))
+    vals = {A_: sp.Rational(3, 2), c_: sp.Rational(-1, 3), sig: sp.Rational(7, 5), zs[0]: sp.Rational(1, 2),
+            zs[1]: sp.Rational(-6, 5), us[0]: sp.Rational(2, 3), us[1]: sp.Rational(1, 4), vs2[0]: sp.Rational(-1, 2),
+            vs2[1]: sp.Rational(5, 4)}
+    ok = ok and abs(sp.N((D2y - formula).subs(vals), 30)) < 1e-25
+check("D^2 Attn[U, V]_i = Cov(h, u) + Cov(f, v) + Cov(e, z) + E[(h-h_bar)(f-f_bar)(z-z_bar)] (2 tokens)", ok)
+
+# Step A2 (Lemma A2): the four moment bounds collect into K2's two coefficients, in both forms.
+aR, om, R_, sg2, al, be, qi, Pq = sp.symbols("aR omega R sigma alpha beta q Pq", positive=True)
+k_ = aR + om
+X = 2 * aR / sg2 + 2 * aR * R_ * k_ / sg2 ** 2
+Y = 2 * k_ / sg2 + 2 * R_ * om * k_ / sg2 ** 2
+T1 = (aR * al + om * be) / sg2
+T2 = k_ * be / sg2
+T3 = aR * (be + al) / sg2
+T4 = 2 * R_ * k_ * (aR * al + om * be) / sg2 ** 2
+check("(a): T1 + T2 + T3 + T4 = alpha X + beta Y (per unit max_j ||u_j||)",
+      sp.expand(T1 + T2 + T3 + T4 - al * X - be * Y) == 0)
+check("weighted Cauchy-Schwarz: (aR al + om be)^2 <= (aR + om)(aR al^2 + om be^2), gap aR om (al - be)^2",
+      sp.expand(k_ * (aR * al ** 2 + om * be ** 2) - (aR * al + om * be) ** 2 - aR * om * (al - be) ** 2) == 0)
+amgm = (qi + Pq) / 2  # alpha beta <= (alpha^2 + beta^2) / 2 with alpha^2 = q_i, beta^2 = (P q)_i
+T12b = 2 * (aR * amgm + om * Pq) / sg2
+T3b = 2 * aR * amgm / sg2
+T4b = 2 * R_ * k_ * (aR * qi + om * Pq) / sg2 ** 2
+check("(b): T1 + T2 + T3 + T4 <= q_i X + (P q)_i Y (V = U)", sp.expand(T12b + T3b + T4b - qi * X - Pq * Y) == 0)
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

@@ -11,7 +11,8 @@ B = W_V W_O, c = b_Q W_K^T, sigma = sqrt(d), p_i = softmax(s_i), s_ij = w_i . z_
 (h = ds_i[V], e = d^2 s_i[U, V]; the covariances are softmax's first and second derivatives written as moments
 of p_i). On D_R each moment is bounded by Cauchy-Schwarz in the weights p_ij (`attention_curvature_on_ball`):
 
-    ||D^2 Attn(Z)[U, V]||_F <= K2(R) max_j ||u_j|| ||V||_F   and   ||D^2 Attn(Z)[U, U]||_F <= K2(R) (sum_j ||u_j||^4)^(1/2)
+    ||D^2 Attn(Z)[U, V]||_F <= K2(R) max_j ||u_j|| ||V||_F,
+    ||D^2 Attn(Z)[U, U]||_F <= K2(R) (sum_j ||u_j||^4)^(1/2),
 
 the two forms the enclosure uses (Lemma 2: ||J_F(x) - J_F(z)|| <= M2 max_i ||x_i - z_i||; the defect's
 ||D^2 F[y', y']|| <= M2 (sum_i sup ||y_i'||^4)^(1/2)). `AttentionFieldConstants` combines them with LayerNorm's
