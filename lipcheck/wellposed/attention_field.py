@@ -11,14 +11,12 @@ import torch
 from ..bounds import attention_field as af
 from ..bounds import lognorm as ln
 from ..bounds.network import token_variance_lower
-from .field import SSoGField
-from .options import EnclosureError
+from .field import BlockField, SSoGField
 
-DENSE_MAX = 4096  # lognorm="auto": the dense point log-norm up to this state size, the structured bound above
 ROUNDING_SLACK = 2.0 ** -10  # the float LN1 tokens lie in the ball of radius R (1 + this) (checked in `rounding`)
 
 
-class AttentionField:
+class AttentionField(BlockField):
     """F = Attn(LN1 x) + MLP(LN2 x): values, constants (`AttentionFieldConstants`), a-priori rounding bounds
     (Lemma A4) and point log-norms: "dense" (mu_2 of the n x n Jacobian formed in closed form, verified by
     Cholesky) or "structured" (mu_2 <= Lip(Attn | D_R) max_i ||D1_i|| + max_i mu_2(D2_i), Lemma 2's bound with
@@ -27,36 +25,14 @@ class AttentionField:
     def __init__(self, block, H: int, W: int, *, lognorm: str = "auto", dtype=torch.float64, device=None):
         self.block = block
         self.k = af.attention_field_constants(block, H, W, dtype=dtype, device=device)
-        n = H * W * self.k.C
-        if lognorm == "auto":
-            lognorm = "dense" if n <= DENSE_MAX else "structured"
-        if lognorm not in ("dense", "structured"):
-            raise EnclosureError(f"lognorm must be 'auto', 'dense' or 'structured', got {lognorm!r}")
-        self.lognorm_kind = lognorm
-        self.uses_variance = True
+        dense = self._choose(lognorm, H * W * self.k.C) == "dense"
         # the rounding bounds' constants on the slightly larger ball the float LN1 tokens lie in
         mixer, N = block.mixer, H * W
         self._R_float = self.k.R * (1 + ROUNDING_SLACK)
         self._L_float = af.attention_lipschitz_on_ball(mixer, self._R_float, N, dtype=dtype, device=device)
         self._K2_float = af.attention_curvature_on_ball(mixer, self._R_float, N, dtype=dtype, device=device)
         self._mag = af.rounding_magnitudes(mixer, self._R_float, N, dtype=dtype, device=device)
-        self._dense = _DenseLogNorm(self) if lognorm == "dense" else None
-        self._cache = {}
-
-    def __call__(self, x):
-        return self.block.vector_field(x)
-
-    def lipschitz(self, v: float) -> float:
-        return self.k.lipschitz(v)
-
-    def curvature(self, v: float) -> float:
-        return self.k.curvature(v)
-
-    def reset(self) -> None:
-        """Forget the eigenvector guesses of earlier points (the next bounds do not depend on them)."""
-        self._cache = {}
-        if self._dense is not None:
-            self._dense.vec = None
+        self._dense = _DenseLogNorm(self) if dense else None
 
     def constants(self, v: float) -> dict:
         """The field's constants at token-variance floor v, for reports."""
@@ -111,12 +87,6 @@ class AttentionField:
         v = float(token_variance_lower(y).clamp_min(0).min())
         _, eps_J = self.rounding(y, v)
         return J.reshape(B, n, n), torch.full((B,), math.sqrt(n) * eps_J, dtype=y.dtype, device=y.device)
-
-    def lognorm(self, y, v, eps_J):
-        if self.lognorm_kind == "dense":
-            return self._dense(y, eps_J)
-        return ln.structured_lognorm(self.block, self.k, y, eps_J, cache=self._cache)
-
 
 class _DenseLogNorm(ln.DenseLogNorm):
     """`DenseLogNorm`'s verified top eigenvalue (a Cholesky certificate at the previous point's Rayleigh quotient,

@@ -9,24 +9,19 @@ from ..bounds import lognorm as ln
 from .options import EnclosureError
 
 
-class SSoGField:
-    """What the enclosure needs from F = SSoG(LN1 x) + MLP(LN2 x): values, J w, constants, point log-norms.
+class BlockField:
+    """What every field F = Mixer(LN1 x) + MLP(LN2 x) shares: values, the constants of `self.k` (a
+    `FieldConstants`), the point log-norms (dense `self._dense` or structured) and their eigenvector guesses."""
+    uses_variance = True
 
-    Any other field object with the same interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
-    lognorm(y, v, eps_J), uses_variance) is enclosed the same way."""
-
-    def __init__(self, block, H: int, W: int, *, lognorm: str = "auto", dtype=torch.float64, device=None):
-        self.block = block
-        self.k = ln.field_constants(block, H, W, dtype=dtype, device=device)
-        n = H * W * self.k.C
+    def _choose(self, lognorm: str, n: int) -> str:
         if lognorm == "auto":
             lognorm = "dense" if n <= 4096 else "structured"
         if lognorm not in ("dense", "structured"):
             raise EnclosureError(f"lognorm must be 'auto', 'dense' or 'structured', got {lognorm!r}")
         self.lognorm_kind = lognorm
-        self.uses_variance = True
-        self._dense = ln.DenseLogNorm(block, H, W, dtype=dtype, device=device) if lognorm == "dense" else None
         self._cache = {}  # structured: cached per-token eigenvectors (Cholesky first, eigensolver on failure)
+        return lognorm
 
     def __call__(self, x):
         return self.block.vector_field(x)
@@ -37,25 +32,38 @@ class SSoGField:
     def curvature(self, v: float) -> float:
         return self.k.curvature(v)
 
-    def rounding(self, y, v):
-        return ln.rounding_bounds(self.k, y, v)
-
     def reset(self) -> None:
         """Forget the eigenvector guesses of earlier points (the next bounds do not depend on them)."""
         self._cache = {}
         if self._dense is not None:
             self._dense.vec = None
 
+    def lognorm(self, y, v, eps_J):
+        if self.lognorm_kind == "dense":
+            return self._dense(y, eps_J)
+        return ln.structured_lognorm(self.block, self.k, y, eps_J, cache=self._cache)
+
+
+class SSoGField(BlockField):
+    """What the enclosure needs from F = SSoG(LN1 x) + MLP(LN2 x): values, J w, constants, point log-norms.
+
+    Any other field object with the same interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
+    lognorm(y, v, eps_J), uses_variance) is enclosed the same way."""
+
+    def __init__(self, block, H: int, W: int, *, lognorm: str = "auto", dtype=torch.float64, device=None):
+        self.block = block
+        self.k = ln.field_constants(block, H, W, dtype=dtype, device=device)
+        dense = self._choose(lognorm, H * W * self.k.C) == "dense"
+        self._dense = ln.DenseLogNorm(block, H, W, dtype=dtype, device=device) if dense else None
+
+    def rounding(self, y, v):
+        return ln.rounding_bounds(self.k, y, v)
+
     def constants(self, v: float) -> dict:
         """The field's constants at token-variance floor v, for reports (||T|| in the mixer's place; a linear
         mixer has no curvature of its own)."""
         return {"mixer": "ssog", "mixer_lipschitz": self.k.T_norm, "mixer_curvature": 0.0,
                 "token_radius": self.k.rho1, "lipschitz": self.lipschitz(v), "curvature": self.curvature(v)}
-
-    def lognorm(self, y, v, eps_J):
-        if self.lognorm_kind == "dense":
-            return self._dense(y, eps_J)
-        return ln.structured_lognorm(self.block, self.k, y, eps_J, cache=self._cache)
 
 
 def rayleigh_lower(field, y: torch.Tensor, eps_J: float) -> torch.Tensor:
