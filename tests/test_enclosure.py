@@ -1017,13 +1017,13 @@ def test_point_lognorms_are_those_at_the_reported_centres():
 @pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
 def test_reference_solves_are_made_at_ref_tol(monkeypatch):
     """Theorem 6's y_ref is a solve at ref_tol (auto: tol * 1e-3): the first solve is y's at tol, every reference
-    solve (also the re-solve on a finer step grid, t1 / K, when its defect is above the target) gets ref_tol, and the
-    reference centres are within 10 ref_tol of expm (y's error is ~1e-5)."""
+    solve (also the re-solve made to step to extra times, where its defect is above the target) gets ref_tol, and
+    the reference centres are within 10 ref_tol of expm (y's error is ~1e-5)."""
     from lipcheck.wellposed import enclosure as E
     calls, real = [], E.piecewise_quartic
 
     def spy(*args, **kw):
-        calls.append((kw.get("tol"), kw.get("grid_steps")))
+        calls.append((kw.get("tol"), kw.get("step_times")))
         return real(*args, **kw)
 
     monkeypatch.setattr(E, "piecewise_quartic", spy)
@@ -1032,8 +1032,9 @@ def test_reference_solves_are_made_at_ref_tol(monkeypatch):
     rt = enc.stats["ref_tol"]
     assert rt == pytest.approx(1e-8) and calls[0] == (1e-5, None) and len(calls) >= 3  # this case re-solves
     assert all(tol == rt for tol, _ in calls[1:]) and calls[-1][1] is not None
-    K = calls[-1][1]
-    assert enc.stats["reference"]["steps"] >= K  # the re-solve steps to every multiple of t1 / K
+    times = calls[-1][1]
+    ends = {b for _, b in enc.reference.steps}
+    assert set(times) <= ends and len(enc.reference.steps) >= len(times)  # the re-solve steps to every time given
     ex = _expm_solution(A, x0, enc.t.tolist())
     err_ref = np.linalg.norm(ex - enc.reference.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
     err_y = np.linalg.norm(ex - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
@@ -1961,18 +1962,22 @@ def test_direct_options_are_frozen_and_the_log_norm_grid_follows_mu_slack():
 
 
 def test_the_reference_keeps_the_callers_method_when_it_refines(monkeypatch):
-    """_reference_pieces: when the reference's sampled defect is above its target it is solved again on a finer
-    grid, with the same method and tolerance as the first solve (a refinement must not switch solvers)."""
+    """_reference_pieces: where a reference step's sampled defect is above its target the reference is solved again
+    with that step cut into ceil(1.25 (defect / target)^(1/4)) equal pieces (the interpolant's defect falls like
+    h^4), with the same method and tolerance as the first solve (a refinement must not switch solvers)."""
     from lipcheck.wellposed import enclosure as E
-    calls, defects = [], iter([1.0, 1e-9])
+    calls, defects = [], iter([torch.tensor([[1.0], [1e-4], [1.0], [1e-4]]), torch.full((30, 1), 1e-9)])
 
-    def fake_quartic(sf, x0, t1, method=None, tol=None, grid_steps=None):
-        calls.append((method, tol, grid_steps))
-        return [(0.0, t1)] * (grid_steps or 4), ["coef"] * (grid_steps or 4)
+    def fake_quartic(sf, x0, t1, method=None, tol=None, step_times=None):
+        calls.append((method, tol, step_times))
+        n = 4 if step_times is None else len(step_times)
+        return [(k / n, (k + 1) / n) for k in range(n)], ["coef"] * n
 
     monkeypatch.setattr(E, "piecewise_quartic", fake_quartic)
     monkeypatch.setattr(E, "_rough_distance", lambda *a: 1.0)
-    monkeypatch.setattr(E, "_sampled_defect", lambda sf, steps, coefs: next(defects))
+    monkeypatch.setattr(E, "_step_defects", lambda sf, steps, coefs: next(defects))
     (steps, _), target = E._reference_pieces(None, None, 1.0, ([], []), 1e-9, "bosh3", 0.1, 1e-3, 10 ** 6)
     assert target == 1e-3 and [c[:2] for c in calls] == [("bosh3", 1e-9)] * 2
-    assert calls[0][2] is None and calls[1][2] == math.ceil(4 * 1.25 * (1.0 / 1e-3) ** 0.25) == len(steps)
+    n = math.ceil(1.25 * (1.0 / 1e-3) ** 0.25)  # 8 pieces for the steps with defect 1.0, none for 1e-4
+    want = [k / n * 0.25 for k in range(1, n)] + [0.5 + k / n * 0.25 for k in range(1, n)] + [1.0]
+    assert calls[0][2] is None and calls[1][2] == pytest.approx(want, abs=1e-15) and len(steps) == len(want)

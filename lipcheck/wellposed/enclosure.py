@@ -42,7 +42,8 @@ from .distance import _distance, _node_distances, _rough_distance
 from .envelope import lognorm_envelope  # noqa: F401
 from .field import SSoGField, rayleigh_lower  # noqa: F401
 from .options import DirectOptions, EnclosureError, check_inputs, check_method, check_settings
-from .quartic import _bernstein_matrix, _sampled_defect, _sampled_defects, piecewise_quartic  # noqa: F401
+from .quartic import _bernstein_matrix, _sampled_defect, _sampled_defects, _step_defects  # noqa: F401
+from .quartic import piecewise_quartic
 from .result import Enclosure
 from .solve import prepare
 
@@ -50,6 +51,9 @@ REF_FACTOR = 1e-3  # ref_tol = "auto": the reference solve at tol * REF_FACTOR .
 REF_FLOOR = 1e-11  # ... but not below this (dopri5's step count explodes near float64's floor)
 REF_SHARE = 0.1  # y_ref's defect is aimed at r_ref(t1) <= this share of ||y(t1) - y_ref(t1)|| ...
 REF_WORK_FLOOR = 1e-3  # ... with its target at most 1000x below ref_defect_ratio * sup ||y - y_ref|| / t1 (work)
+REF_TUBE = 0.25  # ... but r_ref aimed at <= this / M2 (the tube's curvature term then adds <= this to the log-norm)
+REF_REACH = 1e-12  # a reference defect below this times sup ||y'|| is out of float64's reach: refused, not tried
+REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 
 # Per-sample state size up to which the enclosure runs on one thread: its kernels are then too small for a second
 # thread to pay, and on a shared machine waiting threads cost most (tiny model, 2 images: 7.0 s on two threads and
@@ -115,7 +119,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
                   ref_tol="auto", defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024,
                   tube: float | None = None, max_tube: float | None = None, mu_claim=None,
                   solver_field=None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
-                  ref_max_per_step: int | None = None, ref_max_steps: int = 512,
+                  ref_max_per_step: int | None = None, ref_max_steps: int = 4096,
                   ref_defect_abs: float | None = None, max_seconds: float | None = None,
                   progress: bool = False) -> Enclosure:
     """The enclosure of field's true solution around the solve y at rtol = atol = `tol` (Theorems 5 and 6).
@@ -152,10 +156,13 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     sf = solver_field or field
     steps, coefs, sol = piecewise_quartic(sf, x0, t1, method=method, tol=tol)
     solve_seconds = time.perf_counter() - start
+    per_step = ref_max_per_step or 8 * max_per_step
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
-                                        ref_max_steps, field=field)
+                                        ref_max_steps, field=field, max_per_step=per_step)
+    if rpieces is None:  # the defect it would need is out of float64's reach: refused, not tried
+        return _refused(field, x0, t1, steps, coefs, sol, target, tol, rt, start)
     ref_opts = dataclasses.replace(opts, tol=rt, mu_slack=ref_mu_slack or mu_slack, defect_abs=target,
-                                   max_per_step=ref_max_per_step or 8 * max_per_step)
+                                   max_per_step=per_step)
     ref = enclose_direct(field, x0, t1, ref_opts, pieces=rpieces)
     seconds = dict(solve=solve_seconds, reference=time.perf_counter() - start - solve_seconds)
     return _combine(ref, steps, coefs, sol, x0.dtype, tol, rt, seconds, start)
@@ -176,37 +183,137 @@ def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> torch.Tensor:
     about 2 target t1 phi(g) for a defect dbar <= 2 target (sampled part and remainder) and g = int mu: the target
     aims r_ref(t1) at REF_SHARE of ||y(t1) - y_ref(t1)||, the part of the radius it adds to. Never above the
     earlier ref_defect_ratio * sup ||y - y_ref|| / t1, and not below REF_WORK_FLOOR times that (a budget on the
-    refinement). A tuning choice: every target gives a valid enclosure."""
+    refinement), unless the tube needs it: r_ref is also aimed at REF_TUBE / M2 (`_tube_aim`), above which the
+    tube's curvature term M2 rho feeds the log-norm and the bootstrap runs away. Never below REF_REACH sup ||y'||
+    (`_reach`). A tuning choice: every target gives a valid enclosure."""
     rough, at_t1 = _node_distances(*user, *rpieces[:2])
     rough, at_t1 = rough.double().cpu(), at_t1.double().cpu()
-    g = _growth(field, *user).clamp(-30.0, 30.0)
+    g_full = _growth(field, *user)
+    g = g_full.clamp(-30.0, 30.0)
     phi = torch.where(g.abs() > 1e-8, torch.expm1(g) / g, torch.ones_like(g))
     base = ref_defect_ratio * rough / t1
     aim = REF_SHARE * at_t1 / (2 * t1 * phi)
-    return torch.minimum(base, torch.maximum(aim, REF_WORK_FLOOR * base))
+    target = torch.minimum(base, torch.maximum(aim, REF_WORK_FLOOR * base))
+    tube = _tube_aim(field, *user)[0] / (2 * t1 * _phi(g_full))
+    return torch.maximum(torch.minimum(target, tube), _reach(*user))
 
 
-def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None):
+def _phi(g: torch.Tensor) -> torch.Tensor:
+    """(e^g - 1) / g (1 at 0), finite up to g = 700."""
+    g = g.clamp(-700.0, 700.0)
+    return torch.where(g.abs() > 1e-8, torch.expm1(g) / g, torch.ones_like(g))
+
+
+def _tube_aim(field, steps, coefs) -> tuple[float, float, float]:
+    """(REF_TUBE / M2(v), M2(v), v): the tube radius r_ref is aimed at, with v the square of 0.9 times the smallest
+    token std of y at its step ends (a tuning scale, not a bound; v = 0 for a field without a variance floor)."""
+    from .solve import token_std
+    ends = torch.stack([coefs[0][0]] + [c.sum(0) for c in coefs])
+    v = float(0.9 * token_std(ends).min()) ** 2 if getattr(field, "uses_variance", False) else 0.0
+    M2 = float(field.curvature(v)) if hasattr(field, "curvature") else 0.0
+    return (REF_TUBE / M2 if M2 > 0 else math.inf), M2, v
+
+
+def _reach(steps, coefs) -> torch.Tensor:
+    """(B,) REF_REACH times sup ||y'|| at y's step ends: the smallest reference defect worth aiming at."""
+    speed = torch.stack([c[1:].sum(0).flatten(1).norm(dim=-1) / (b - a) for (a, b), c in zip(steps, coefs)])
+    return REF_REACH * speed.amax(0).double().cpu()
+
+
+def _sub_intervals(field, steps, coefs, target) -> torch.Tensor:
+    """(K,) about how many defect sub-intervals each step needs for its remainder tau^2 / 8 M_delta to be below
+    target (worst sample): h sqrt(M_delta / (8 target)), M_delta from the step's derivative sups and the field's
+    constants at the variance `_tube_aim` uses (a tuning scale, not a bound)."""
+    from .defect import step_bounds
+    _, M2, v = _tube_aim(field, steps, coefs)
+    L = float(field.lipschitz(v)) if hasattr(field, "lipschitz") else 0.0
+    out = []
+    for inf in step_bounds(steps, coefs, coefs[0].shape[-1]):
+        Md = (inf["d3"] + M2 * torch.minimum(inf["sq4"], inf["d1"] ** 2) + L * inf["d2"]).double().cpu()
+        out.append(float((inf["h"] * (Md / (8 * target)).sqrt()).max()))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _out_of_reach(field, steps, coefs, t1):
+    """Per sample, why the enclosure is refused without being tried, or None: the tube aim REF_TUBE / M2 divided
+    by the growth 2 t1 phi(int mu) along y asks for a reference defect below REF_REACH sup ||y'|| (float64 cannot
+    deliver it). None for every sample if any can be tried (a tuning test: the estimates enter no bound)."""
+    g = _growth(field, steps, coefs)
+    rho, M2, v = _tube_aim(field, steps, coefs)
+    need = rho / (2 * t1 * _phi(g))
+    reach = _reach(steps, coefs)
+    if not bool((need < reach).all()):
+        return None
+    return [f"not attempted: the log-norm along the solve integrates to about {float(gb):.3g} (growth e^{float(gb):.3g}), "
+            f"so keeping the tube within {REF_TUBE:g} / M2 = {rho:.3g} (curvature M2 = {M2:.4g} at token variance "
+            f"{v:.3g}) needs a reference defect of about {float(nb):.3g}, below float64's reach "
+            f"({REF_REACH:g} sup ||y'|| = {float(rb):.3g})" for gb, nb, rb in zip(g, need, reach)]
+
+
+def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclosure:
+    """The enclosure of samples refused before any proof: nothing proven beyond t = 0 (radius inf at t1)."""
+    from .defect import jumps_and_start, step_bounds
+    B = x0.shape[0]
+    fk = dict(dtype=x0.dtype, device=x0.device)
+    _, r0 = jumps_and_start(x0, coefs, step_bounds(steps, coefs, x0.shape[-1]))
+    nan = torch.full((1, B), math.nan, **fk)
+    stats = {"method": None, "tol": tol, "ref_tol": rt, "nfe_forward": sol["nfe_forward"], "refused": True,
+             "steps": sol["steps"], "step_sizes": [b - a for a, b in steps], "method_kind": "refused",
+             "seconds": {"total": time.perf_counter() - start}}
+    return Enclosure(proven=torch.zeros(B, dtype=torch.bool), t=torch.tensor([0.0, t1], **fk),
+                     center=torch.stack([coefs[0][0], coefs[-1].sum(0)]),
+                     radius=torch.stack([r0.to(**fk), torch.full((B,), math.inf, **fk)]), reason=list(reasons),
+                     tube=nan, mu=nan.clone(), mu_point=torch.full((2, B), math.nan, **fk), defect=nan.clone(),
+                     defect_sampled=nan.clone(), steps=steps, stats=stats)
+
+
+def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None,
+                      max_per_step=None):
     """y_ref's piecewise quartic and the defect target it is tuned to (per sample, `_defect_target`, or
     ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
-    sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof)."""
+    sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
+    (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`)."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     if ref_defect_abs is not None:
         target = ref_defect_abs
     elif field is None:
         target = ref_defect_ratio * _rough_distance(*user, rpieces[0], rpieces[1]) / t1
     else:
+        refusal = _out_of_reach(field, *user, t1)
+        if refusal is not None:
+            return None, refusal
         target = _defect_target(field, user, rpieces, t1, ref_defect_ratio)
+    forced = []  # the times the reference is made to step to, kept from one refinement to the next
     for _ in range(3):
-        d = _sampled_defects(sf, *rpieces[:2]) if torch.is_tensor(target) else _sampled_defect(sf, *rpieces[:2])
-        excess = float((torch.as_tensor(d, dtype=torch.float64).cpu() / target).max())
-        if not (excess > 1 and math.isfinite(excess)):
+        d = _step_defects(sf, *rpieces[:2]).double().cpu()  # (K, B)
+        tgt = torch.as_tensor(target, dtype=torch.float64)
+        excess = (d / tgt).amax(1)  # (K,) per step, worst sample
+        # each step cut into pieces where its defect is above the target (the defect falls like h^4), and where
+        # its remainder would need more than half of max_per_step sub-intervals
+        cuts = torch.where(excess > 1, (REF_SPLIT * excess.clamp_min(1) ** 0.25).ceil(), torch.ones_like(excess))
+        if field is not None and max_per_step:
+            cuts = torch.maximum(cuts, (_sub_intervals(field, *rpieces[:2], tgt) / (max_per_step / 2)).ceil())
+        if not (float(cuts.max()) > 1 and math.isfinite(float(cuts.sum()))):
             break
-        K = min(math.ceil(len(rpieces[0]) * 1.25 * excess ** 0.25), ref_max_steps)  # the defect falls like h^4
-        if K <= len(rpieces[0]):
+        if float(cuts.sum()) > ref_max_steps:  # a budget: the cuts scaled down to at most ref_max_steps steps
+            cuts = (cuts * ref_max_steps / float(cuts.sum())).floor().clamp_min(1)
+        if float(cuts.sum()) <= len(rpieces[0]):
             break
-        rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt, grid_steps=K)
+        # the interior cuts only: a time the solver lands on by itself stops its step_t there (torchdiffeq tests
+        # t0 < t < t0 + dt strictly and never moves past it), and the solve up to the first cut repeats the last
+        forced += [a + (b - a) * j / int(n) for (a, b), n in zip(rpieces[0], cuts.tolist()) for j in range(1, int(n))]
+        rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt, step_times=_spaced(forced, t1))
     return rpieces, target
+
+
+def _spaced(times, t1) -> list:
+    """The sorted times without those within 1e-12 t1 of the one before (or of t1): the solver's step_t skips
+    every later time once one lies within an ulp or two of where it landed; t1 last."""
+    out = []
+    for t in sorted(times):
+        if (not out or t - out[-1] > 1e-12 * t1) and t1 - t > 1e-12 * t1:
+            out.append(t)
+    return out + [t1]
 
 
 def _combine(ref, steps, coefs, sol, dtype, tol, rt, seconds, start) -> Enclosure:

@@ -39,14 +39,17 @@ def _sampled_defect(field, steps, coefs) -> float:
 
 def _sampled_defects(field, steps, coefs) -> torch.Tensor:
     """(B,) per sample: max ||y' - F(y)|| at the midpoints of y's quarter steps (tuning, not a bound)."""
-    out = None
-    for (a, b), c in zip(steps, coefs):
-        s = torch.tensor([0.125, 0.375, 0.625, 0.875], dtype=c.dtype, device=c.device)
-        y, d1 = _poly(c, s, b - a, 0), _poly(c, s, b - a, 1)
-        Fy = _eval(field, y.reshape(-1, *y.shape[2:])).reshape(y.shape)
-        d = sample_norm(d1 - Fy).amax(0)
-        out = d if out is None else torch.maximum(out, d)
-    return out
+    return _step_defects(field, steps, coefs).amax(0)
+
+
+def _step_defects(field, steps, coefs) -> torch.Tensor:
+    """(K, B) per step and sample: max ||y' - F(y)|| at the midpoints of the step's quarters (tuning, not a bound)."""
+    c0 = coefs[0]
+    s = torch.tensor([0.125, 0.375, 0.625, 0.875], dtype=c0.dtype, device=c0.device)
+    y = torch.stack([_poly(c, s, b - a, 0) for (a, b), c in zip(steps, coefs)])  # (K, 4, B, H, W, C)
+    d1 = torch.stack([_poly(c, s, b - a, 1) for (a, b), c in zip(steps, coefs)])
+    Fy = _eval(field, y.reshape(-1, *y.shape[3:])).reshape(y.shape)
+    return sample_norm(d1 - Fy).amax(1)
 
 
 def _coef_sup(cn: list, h: float, d: int):
@@ -98,12 +101,13 @@ class _StepField(CountingField):
 
 
 def piecewise_quartic(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5", tol: float = 1e-3,
-                      grid_steps: int | None = None):
+                      grid_steps: int | None = None, step_times=None):
     """The computed solution y of x' = field(x) as a piecewise quartic: (steps [(a, b)], coefficients (5, B, H, W, C)
     per step, solver counts). On [a, b], y(t) = sum_k c_k ((t - a)/h)^k, h = b - a, is the quartic through the
     solver's dense output at a + h (0, 1/4, 1/2, 3/4, 1); the coefficients are floats, so y is known exactly.
     `grid_steps`: the solver must also step to every multiple of t1 / grid_steps (steps <= t1 / grid_steps: the
-    interpolant's defect falls like h^4, the solver's own error control does not see it)."""
+    interpolant's defect falls like h^4, the solver's own error control does not see it); `step_times`: the same
+    with any increasing times in (0, t1] (finer where the defect is larger)."""
     from ..models.ode import integrate
     B, H, W, C = x0.shape
     fk = dict(dtype=x0.dtype, device=x0.device)
@@ -112,6 +116,8 @@ def piecewise_quartic(field, x0: torch.Tensor, t1: float, *, method: str = "dopr
     with torch.no_grad():
         tt = torch.tensor([0.0, t1], **fk)
         step_t = tt[-1:] if not grid_steps else torch.linspace(0.0, t1, grid_steps + 1, **fk)[1:]
+        if step_times is not None:
+            step_t = torch.unique(torch.cat([step_t, torch.as_tensor(step_times, **fk).reshape(-1)]))
         integrate(cf, x0, tt, method=method, rtol=tol, atol=tol, options={"step_t": step_t})
         steps = [(a, min(a + h, t1)) for a, h in cf.steps if a < t1]
         if not steps or abs(steps[-1][1] - t1) > 8 * u * t1:
