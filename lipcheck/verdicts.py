@@ -338,10 +338,16 @@ def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, kee
                "batch": len(idx), "constants_s": constants_s, "actual_t1": actual[b],
                "reference_error": float(ref.abs_error[:, b].max()),
                "field": {**consts, "variance_floor": enc.stats["variance_floor"],
-                         "mu_max": float(enc.mu[:, b].max()) if enc.mu.numel() else math.nan}}
+                         "mu_max": _finite_max(enc.mu[:, b])}}
         row.update(ratio_t1=row["radius_t1"] / actual[b] if actual[b] > 0 else math.inf,
                    inside=bool(actual[b] <= row["radius_t1"]))
         if keep_center:
             row["center_t1"] = enc.center[-1, b]
         rows.append(row)
     return rows
+
+
+def _finite_max(x: torch.Tensor) -> float:
+    """The largest finite entry (the log-norm over the intervals proven before a budget or a failure), nan if none."""
+    x = x[torch.isfinite(x)]
+    return float(x.max()) if x.numel() else math.nan
