@@ -1638,11 +1638,11 @@ def test_direct_enclosure_log_norm_intervals_and_a_last_step_past_the_budget():
 
 
 def test_enclose_hands_every_setting_to_the_field_and_the_proof(monkeypatch):
-    """enclose(model, ...) = enclose_field(SSoGField(block, H, W, lognorm, dtype), input_scale * embed(images), t1, ...)
+    """enclose(model, ...) = enclose_field(make_field(block, H, W, lognorm, dtype), input_scale * embed(images), t1, ...)
     with every setting passed on unchanged (both stubbed here: only the hand-over is under test)."""
     from lipcheck.wellposed import enclosure as E
     seen = {}
-    monkeypatch.setattr(E, "SSoGField", lambda block, H, W, **kw: seen.update(field=(block, H, W, kw)) or "field")
+    monkeypatch.setattr(E, "make_field", lambda block, H, W, **kw: seen.update(field=(block, H, W, kw)) or "field")
     monkeypatch.setattr(E, "enclose_field", lambda *args, **kw: seen.update(args=args, kw=kw) or "enclosure")
     model = _tiny_ode_vit()
     images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
