@@ -106,7 +106,8 @@ def test_defect_target_aims_at_a_share_of_the_distance_at_t1(monkeypatch):
 
     steps = [(0.0, 0.25), (0.25, 1.0)]
     coefs = [torch.zeros(5, 3, 1, 1, 2, dtype=D)] * 2
-    got = E._defect_target(Field(), (steps, coefs), ([], []), 1.0, 0.02)
+    got, needed = E._defect_target(Field(), (steps, coefs), ([], []), 1.0, 0.02)
+    assert not needed  # no curvature: no tube aim
     phi = (math.exp(2.0) - 1) / 2.0
     want = [min(0.02, max(0.1 / (2 * phi), 0.02 * 1e-3)), 0.02 * 1e-3, min(0.02, 0.1 / 2)]
     assert got.tolist() == pytest.approx(want, rel=1e-12)

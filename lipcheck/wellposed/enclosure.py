@@ -53,6 +53,7 @@ REF_SHARE = 0.1  # y_ref's defect is aimed at r_ref(t1) <= this share of ||y(t1)
 REF_WORK_FLOOR = 1e-3  # ... with its target at most 1000x below ref_defect_ratio * sup ||y - y_ref|| / t1 (work)
 REF_TUBE = 0.25  # ... but r_ref aimed at <= this / M2 (the tube's curvature term then adds <= this to the log-norm)
 REF_REACH = 1e-12  # a reference defect below this times sup ||y'|| is out of float64's reach: refused, not tried
+REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps where the tube needs them)
 REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 
 # Per-sample state size up to which the enclosure runs on one thread: its kernels are then too small for a second
@@ -178,14 +179,15 @@ def _growth(field, steps, coefs) -> torch.Tensor:
     return ((lam[1:] + lam[:-1]) / 2 * h[:, None]).sum(0)
 
 
-def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> torch.Tensor:
+def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> tuple[torch.Tensor, bool]:
     """(B,) the defect y_ref is tuned to, per sample. Theorem 5 gives r_ref(t1) <= int exp(int_s^t1 mu) dbar ds,
     about 2 target t1 phi(g) for a defect dbar <= 2 target (sampled part and remainder) and g = int mu: the target
     aims r_ref(t1) at REF_SHARE of ||y(t1) - y_ref(t1)||, the part of the radius it adds to. Never above the
     earlier ref_defect_ratio * sup ||y - y_ref|| / t1, and not below REF_WORK_FLOOR times that (a budget on the
     refinement), unless the tube needs it: r_ref is also aimed at REF_TUBE / M2 (`_tube_aim`), above which the
     tube's curvature term M2 rho feeds the log-norm and the bootstrap runs away. Never below REF_REACH sup ||y'||
-    (`_reach`). A tuning choice: every target gives a valid enclosure."""
+    (`_reach`). Also returns whether the tube aim is below the other for some sample (then the proof needs it). A
+    tuning choice: every target gives a valid enclosure."""
     rough, at_t1 = _node_distances(*user, *rpieces[:2])
     rough, at_t1 = rough.double().cpu(), at_t1.double().cpu()
     g_full = _growth(field, *user)
@@ -195,7 +197,7 @@ def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> torch.Tensor:
     aim = REF_SHARE * at_t1 / (2 * t1 * phi)
     target = torch.minimum(base, torch.maximum(aim, REF_WORK_FLOOR * base))
     tube = _tube_aim(field, *user)[0] / (2 * t1 * _phi(g_full))
-    return torch.maximum(torch.minimum(target, tube), _reach(*user))
+    return torch.maximum(torch.minimum(target, tube), _reach(*user)), bool((tube < target).any())
 
 
 def _phi(g: torch.Tensor) -> torch.Tensor:
@@ -274,6 +276,8 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
     sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
     (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`)."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
+    if ref_defect_abs is not None or field is None:  # a given target: tightness alone, REF_STEPS steps
+        ref_max_steps = min(ref_max_steps, REF_STEPS)
     if ref_defect_abs is not None:
         target = ref_defect_abs
     elif field is None:
@@ -282,7 +286,9 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
         refusal = _out_of_reach(field, *user, t1)
         if refusal is not None:
             return None, refusal
-        target = _defect_target(field, user, rpieces, t1, ref_defect_ratio)
+        target, needed = _defect_target(field, user, rpieces, t1, ref_defect_ratio)
+        if not needed:  # beyond REF_STEPS reference steps only where the tube needs them
+            ref_max_steps = min(ref_max_steps, REF_STEPS)
     forced = []  # the times the reference is made to step to, kept from one refinement to the next
     for _ in range(3):
         d = _step_defects(sf, *rpieces[:2]).double().cpu()  # (K, B)
@@ -295,7 +301,8 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
             cuts = torch.maximum(cuts, (_sub_intervals(field, *rpieces[:2], tgt) / (max_per_step / 2)).ceil())
         if not (float(cuts.max()) > 1 and math.isfinite(float(cuts.sum()))):
             break
-        if float(cuts.sum()) > ref_max_steps:  # a budget: the cuts scaled down to at most ref_max_steps steps
+        capped = float(cuts.sum()) > ref_max_steps
+        if capped:  # a budget: the cuts scaled down to at most ref_max_steps steps
             cuts = (cuts * ref_max_steps / float(cuts.sum())).floor().clamp_min(1)
         if float(cuts.sum()) <= len(rpieces[0]):
             break
@@ -303,6 +310,8 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
         # t0 < t < t0 + dt strictly and never moves past it), and the solve up to the first cut repeats the last
         forced += [a + (b - a) * j / int(n) for (a, b), n in zip(rpieces[0], cuts.tolist()) for j in range(1, int(n))]
         rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt, step_times=_spaced(forced, t1))
+        if capped:  # the budget is spent: another round would only repeat it
+            break
     return rpieces, target
 
 
