@@ -1340,3 +1340,20 @@ def test_interlacing_bound_assembles_its_margins_as_stated():
     got = gram._interlacing_bound(N, F, m)
     assert got == pytest.approx(want, rel=1e-15, abs=0)
     assert got >= float(np.linalg.norm(N.numpy(), 2))
+
+
+@given(m=st.integers(1, 40), n=st.integers(1, 40), rank=st.integers(0, 40), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=30, deadline=None)
+@example(m=30, n=30, rank=30, seed=-1)  # the ones vector in the null space of a matrix with zero row sums
+def test_dense_top_singular_value_against_numpy_svd(m, n, rank, seed):
+    """The exact stage's value (ARPACK) against numpy's full SVD on random matrices of every rank, tall and wide,
+    including the zero matrix and one whose rows sum to zero (a constant start would lie in its null space)."""
+    from lipcheck.bounds.krylov import dense_top_singular_value
+    rng = np.random.default_rng(abs(seed))
+    r = min(rank, m, n)
+    M = rng.standard_normal((m, r)) @ rng.standard_normal((r, n)) * 10.0 ** rng.uniform(-5, 5)
+    if seed < 0:
+        M -= M.mean(1, keepdims=True)
+    want = float(np.linalg.svd(M, compute_uv=False)[0]) if min(m, n) else 0.0
+    got = dense_top_singular_value(torch.tensor(M))
+    assert got == pytest.approx(want, rel=1e-13, abs=1e-300)
