@@ -1141,6 +1141,24 @@ class _CurvField:
         return self.k0 + self.k1 / (v + 1.0)
 
 
+def test_bootstrap_failure_names_the_smallest_and_the_largest_tube():
+    """Where every tube fails, the reason says how the smallest failed (the error bound above it, from the first
+    sub-interval end where it left it) as well as the largest (which here leaves the variance region): a reason that
+    quotes only the largest hides where the check first failed."""
+    from lipcheck.wellposed import recurrence as E
+    flint = E._arb()
+    d, tau, r0, lam = [1e-3, 2e-3, 1e-3], 0.1, 1e-5, 0.4
+    var = _CurvField(5e3, 0.0, uses_variance=True)
+    out = E._bootstrap(flint, var, flint.arb(r0), d, tau, lam, 0.05, 1e-4, 4, None, None)
+    s0 = float(max(_mp_recurrence(r0, d, tau, lam + 5e3 * 1e-4)))
+    assert not out["ok"]
+    small, large = out["why"].split(" at the smallest tube tried; at the largest, ")
+    assert small.startswith("tube check failed") and f"tube radius {2 * s0:.3g}" in small
+    assert "leaves the region of token variance" in large and out["mu"] == math.inf
+    ups = _mp_recurrence(r0, d, tau, lam + 5e3 * (2 * s0 + 1e-4))
+    assert out["first"] == next(j for j, x in enumerate(ups) if x > 2 * s0)
+
+
 def test_mu_bar_is_lemma_2_rounded_up():
     """mu over the tube = lam_hat + M2(v) (rho + drift) (Lemma 2), rounded up (by at most 1e-14), v = s^2 the token
     variance floor of the tube, s = std floor - (rho + drift) / sqrt(C); no bound (inf) once s <= 0 (s = 0 exactly

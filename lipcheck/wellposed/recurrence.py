@@ -133,25 +133,31 @@ def _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_
 
 def _bootstrap(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset=0.0):
     """Assume the tube rho, bound r on the interval, accept iff r <= rho everywhere on it. A failure records the
-    last tube tried and `first`: the first sub-interval end (0 = the start) where the bound left that tube."""
+    last tube tried (rho, mu) and `first`: the first sub-interval end (0 = the start) where the bound left the
+    smallest tube tried; `why` says how the smallest and the largest tube failed (often differently: the error bound
+    above the smallest, the largest leaving the region of positive token variance)."""
     if not math.isfinite(upper(r)):
         return dict(ok=False, why="error bound is not finite", first=0)
     trials = _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset)
     if trials is None:
         return dict(ok=False, first=0, why=f"token variance floor lost: std floor {std_floor:.3g} - drift "
                                            f"{drift:.3g}/sqrt(C) <= 0, no curvature bound")
-    last = None
+    last = smallest = None
     for rho in trials:
         mu, v = _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset)
         if not math.isfinite(mu):
             last = dict(ok=False, rho=rho, mu=mu, first=0, why=f"tube radius {rho:.3g} leaves the region of token "
                         f"variance > 0 (std floor {std_floor:.3g}): no curvature bound")
-            continue
-        end, ups = _walk(flint, r, dsub, tau, mu)
-        s = max(ups)
-        if s <= rho:
-            return dict(ok=True, rho=rho, mu=mu, r_end=end, sup=s)
-        last = dict(ok=False, rho=rho, mu=mu, first=next(j for j, x in enumerate(ups) if x > rho),
-                    why=f"tube check failed: error bound {s:.3g} > tube radius {rho:.3g} (log-norm over the tube "
-                        f"{mu:.4g})")
+        else:
+            end, ups = _walk(flint, r, dsub, tau, mu)
+            s = max(ups)
+            if s <= rho:
+                return dict(ok=True, rho=rho, mu=mu, r_end=end, sup=s)
+            last = dict(ok=False, rho=rho, mu=mu, first=next(j for j, x in enumerate(ups) if x > rho),
+                        why=f"tube check failed: error bound {s:.3g} > tube radius {rho:.3g} (log-norm over the "
+                            f"tube {mu:.4g})")
+        smallest = smallest or last
+    if smallest is not last:  # the smallest tube shows where the bound first failed; the largest, where it stopped
+        last = dict(last, first=smallest["first"],
+                    why=f"{smallest['why']} at the smallest tube tried; at the largest, {last['why']}")
     return last
