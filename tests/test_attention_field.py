@@ -6,6 +6,7 @@ layer's own forward (math backend), Jacobians by reverse-mode autograd, adversar
 gradient ascent on the very ratio each bound caps, a dopri8 solve at rtol 1e-12 (torchdiffeq), and float32
 evaluations against float64 ones. A constant shrunk 1e6-fold is caught by the same comparisons.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -18,8 +19,10 @@ from lipcheck import ViT
 from lipcheck import wellposed as wp
 from lipcheck.bounds import attention as ab
 from lipcheck.bounds import attention_field as af
+from lipcheck.bounds.lognorm import FieldConstants
 from lipcheck.mixers.attention import DenseAttention
 from lipcheck.models.vit import Block
+from lipcheck.rounding import norm2_upper
 from lipcheck.wellposed.attention_field import AttentionField, make_field
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -338,3 +341,133 @@ def test_too_small_curvature_is_not_a_proof(monkeypatch):
     monkeypatch.setattr(f, "curvature", lambda v: AttentionField.curvature(f, v) * 1e-6)
     mu_small, _ = _mu_bar(f, lam0, std, 0.0, reach, 6)
     assert mu_small < lam_far  # a shrunk constant claims a tube log-norm the field exceeds
+
+
+# --------------------------------------------------------------------------------------------- Lemmas A3, A4 as written
+U = 2.0 ** -53  # float64's unit roundoff
+
+
+def _gamma(n, u=U):
+    return n * u / (1 - n * u)
+
+
+def _head_slices(layer):
+    """Per head (|| |W_Q^h| ||, ||b_Q^h||, ... for Q, K, V, O) from the Linear layers' own rows and columns."""
+    d = layer.head_dim
+    op = lambda w: float(norm2_upper(w.detach().double().abs()))  # noqa: E731  (a certified norm of |W|)
+    out = []
+    for h in range(layer.num_heads):
+        rows = slice(h * d, (h + 1) * d)
+        q, k, v = (op(getattr(layer, p).weight[rows]) for p in ("q_proj", "k_proj", "v_proj"))
+        bq, bk, bv = (float(getattr(layer, p).bias[rows].double().norm()) for p in ("q_proj", "k_proj", "v_proj"))
+        out.append((q, k, v, op(layer.o_proj.weight[:, rows]), bq, bk, bv))
+    return out
+
+
+def test_rounding_magnitudes_are_lemma_a4_on_the_absolute_weights():
+    """out', score' and |J|' re-evaluated from the absolute weights of each head's rows (Lemma A4 and S4's
+    Lipschitz formula on |W|), rounded up by no more than 1 + 2 gamma_{64 h + 8}."""
+    blk = attention_block(C=8, heads=2, seed=9, scale=0.7)
+    layer, N = blk.mixer, 5
+    R = ab.layernorm_image_radius(blk.norm1)
+    assert R > 1  # R^2 and R differ
+    sd = math.sqrt(layer.head_dim)
+    out, score, jac = float(layer.o_proj.bias.double().norm()), 0.0, 0.0
+    for q, k, v, o, bq, bk, bv in _head_slices(layer):
+        out += o * (v * R + bv)
+        score = max(score, (q * R + bq) * (k * R + bk) / sd)
+        jac += v * o * (math.sqrt(N) + R * R * q * k / sd + math.sqrt(N) * R * (R * q * k + bq * k) / sd)
+    got = af.rounding_magnitudes(layer, R, N)
+    slack = 1 + 2 * _gamma(64 * layer.num_heads + 8)
+    for key, want in (("out", out), ("score", score), ("jacobian", jac)):
+        assert want <= got[key] <= want * slack, (key, got[key], want)
+
+
+def test_a_magnitude_past_float64_is_refused_by_name():
+    """Weights of 1e100: out' and score' (1e200) are finite, |J|' (their product, 1e400) is not: refused, naming it."""
+    blk = attention_block(C=4, heads=1, seed=10)
+    with torch.no_grad():
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(blk.mixer, p).weight.mul_(1e100)
+    with pytest.raises(ValueError, match="attention Jacobian magnitude"):
+        af.rounding_magnitudes(blk.mixer, 2.0, 3)
+
+
+def test_softmax_score_error_covers_perturbed_scores_and_is_inf_past_half():
+    """theta = 2 delta e^{2 delta} + gamma_{N+8}, delta = gamma_K score; scores moved by up to delta (the worst
+    case: one up, the rest down) move every weight by less than 2 delta e^{2 delta}; no bound once 2 delta >= 1."""
+    K, N = 200, 6
+    g = torch.Generator().manual_seed(11)
+    for score in (1.0, 1e10, 0.2 / _gamma(K), 0.49 / _gamma(K)):
+        delta = _gamma(K) * score
+        theta = af.softmax_score_error(score, K, N)
+        assert theta == pytest.approx(2 * delta * math.exp(2 * delta) + _gamma(N + 8), rel=1e-14)
+        s = torch.randn(N, generator=g, dtype=D)
+        for j in range(N):
+            moved = s - delta
+            moved[j] = s[j] + delta
+            rel = (torch.softmax(moved, 0) / torch.softmax(s, 0) - 1).abs().max()
+            assert float(rel) <= 2 * delta * math.exp(2 * delta) * (1 + 1e-12) + 1e-14
+    for score in (0.5 / _gamma(K), 0.75 / _gamma(K), math.inf):
+        assert af.softmax_score_error(score, K, N) == math.inf
+
+
+def test_field_constants_are_lemma_a3_with_ln1s_jacobian():
+    """curvature(v) = (the SSoG-form terms + K2 l1(v)^2)(1 + gamma_8), lipschitz(v) = (the same form)(1 + gamma_4),
+    with l1(v) = max|gamma_1| / sqrt(v + eps_1) LN1's Jacobian bound (computed here from norm1: its gain is made
+    10x LN2's so LN2's would not do); rho1 and R are LN1's image radius sqrt(C) max|gamma_1| + ||beta_1||, which
+    holds every LN1 token."""
+    blk = attention_block(C=6, heads=2, seed=12, scale=0.8)
+    with torch.no_grad():
+        blk.norm1.weight.copy_(torch.linspace(-3.0, 2.0, 6, dtype=D))
+        blk.norm2.weight.copy_(torch.linspace(-0.3, 0.2, 6, dtype=D))
+    k = af.attention_field_constants(blk, 2, 2)
+    n1 = blk.norm1
+    radius = math.sqrt(6) * 3.0 + float(n1.bias.norm())
+    assert k.rho1 == k.R and radius <= k.R <= radius * (1 + _gamma(10))
+    x = torch.randn(50, 6, generator=torch.Generator().manual_seed(12), dtype=D) * 100 + 7
+    assert float(n1(x).norm(dim=-1).max()) <= k.R
+    for v in (0.01, 0.5, 4.0):
+        l1 = 3.0 / math.sqrt(v + n1.eps)
+        base = lognorm_constants(k)
+        want = base.curvature(v) + k.K2 * l1 * l1
+        assert want <= k.curvature(v) <= want * (1 + _gamma(8)) * (1 + 4 * U)
+        assert base.lipschitz(v) <= k.lipschitz(v) <= base.lipschitz(v) * (1 + _gamma(4)) * (1 + U)
+
+
+def lognorm_constants(k):
+    """The same numbers as a plain `FieldConstants` (the SSoG-form terms, Lipschitz constant T_norm = L_A)."""
+    return FieldConstants(**{f.name: getattr(k, f.name) for f in dataclasses.fields(FieldConstants)})
+
+
+def test_attention_rounding_is_lemma_a4_and_inf_off_the_ball():
+    """eps_F, eps_J as Lemma A4 writes them, from the field's constants on R' = R (1 + 2^-10) and the state's
+    amplification; where a float LN1 token may leave D_R' (a mean 1e4 times the spread in float32) both are inf."""
+    blk = attention_block(C=6, heads=2, seed=13, scale=0.6)
+    H, W, N = 1, 3, 3
+    f = AttentionField(blk, H, W)
+    k, mixer = f.k, blk.mixer
+    R1 = k.R * (1 + 2.0 ** -10)
+    assert f._mag == af.rounding_magnitudes(mixer, R1, N)
+    assert f._L_float == ab.attention_lipschitz_on_ball(mixer, R1, N)
+    assert f._K2_float == af.attention_curvature_on_ball(mixer, R1, N)
+    y = torch.randn(2, H, W, 6, generator=torch.Generator().manual_seed(13), dtype=D)
+    y[1] *= 3.0
+    v = float(y.var(-1, unbiased=False).min()) * 0.999
+    eps_F, eps_J = f.rounding(y, v)
+    Kn = 2 * (6 + k.hidden + N + mixer.head_dim) + 64
+    gK = _gamma(Kn)
+    amp = (y.norm(dim=-1) / (math.sqrt(6) * y.var(-1, unbiased=False).sqrt())).flatten(1).amax(1)
+    e_ln = 4 * gK * (2 + amp)
+    theta = af.softmax_score_error(f._mag["score"], Kn, N)
+    mlp = k.W2_abs * k.gelu1 * k.W1_abs
+    l1, l2 = k.ln_jacobian(1, v), k.ln_jacobian(2, v)
+    want_F = math.sqrt(N) * (e_ln * (f._L_float * k.R + mlp * k.rho2 + k.bias_norm) + (4 * gK + theta) * f._mag["out"])
+    e = float(e_ln.max())
+    want_J = (2 * e * (f._mag["jacobian"] * l1 + f._L_float * l1 + mlp * l2) + 3 * theta * f._mag["jacobian"] * l1
+              + e * k.R * f._K2_float * l1)
+    assert torch.allclose(eps_F, want_F * (1 + _gamma(8)), rtol=1e-13, atol=0)
+    assert eps_J == pytest.approx(want_J * (1 + _gamma(8)), rel=1e-13)
+    far = (y[:1] + 1e4).float()
+    inf_F, inf_J = f.rounding(far, float(far.double().var(-1, unbiased=False).min()) * 0.999)
+    assert inf_F.shape == (1,) and torch.isinf(inf_F).all() and inf_J == math.inf

@@ -71,14 +71,20 @@ class _Stub:
         return 1.0
 
 
-def test_defect_target_keeps_the_tube_below_its_share_of_one_over_the_curvature(monkeypatch):
-    """target = max(min(the share aim, REF_TUBE / (K 2 t1 phi(g))), REF_REACH sup ||y'||), g = lam t1: the tube
-    aim wins over the work floor where the curvature is large, and the reach floor over both."""
+def _unit_speed_pieces(monkeypatch):
+    """y with y' = 1 on two steps of [0, 1] (sup ||y'|| = 1), its distance to the reference 1 at every node."""
     monkeypatch.setattr(E, "_node_distances", lambda *a: (torch.tensor([1.0]), torch.tensor([1.0])))
     steps = [(0.0, 0.5), (0.5, 1.0)]
     coefs = [torch.zeros(5, 1, 1, 1, 2, dtype=D) for _ in steps]
     for c in coefs:
-        c[1, 0, 0, 0, 0] = 0.5  # y' = 1 on both steps: sup ||y'|| = 1
+        c[1, 0, 0, 0, 0] = 0.5
+    return steps, coefs
+
+
+def test_defect_target_keeps_the_tube_below_its_share_of_one_over_the_curvature(monkeypatch):
+    """target = max(min(the share aim, REF_TUBE / (K 2 t1 phi(g))), REF_REACH sup ||y'||), g = lam t1: the tube
+    aim wins over the work floor where the curvature is large, and the reach floor over both."""
+    steps, coefs = _unit_speed_pieces(monkeypatch)
     for lam, K in ((2.0, 1e3), (2.0, 1e-3), (30.0, 1e9)):
         got, needed = E._defect_target(_Stub(lam, K), (steps, coefs), ([], []), 1.0, 0.02)
         got = float(got[0])
@@ -89,3 +95,17 @@ def test_defect_target_keeps_the_tube_below_its_share_of_one_over_the_curvature(
         assert needed == (0.25 / K / (2 * phi) < share)
     assert E._out_of_reach(_Stub(30.0, 1e9), steps, coefs, 1.0) is not None  # 0.25 / 1e9 / (2 e^30 / 30) < 1e-12
     assert E._out_of_reach(_Stub(2.0, 1e3), steps, coefs, 1.0) is None
+
+
+def test_defect_target_trusts_a_contraction_only_down_to_int_mu_minus_30(monkeypatch):
+    """int mu is estimated from point log-norms along y alone (no tube), so the share aim trusts a contraction only
+    down to g = -30: at g = -100 it asks for 0.1 / (2 phi(-30)) (phi(-30) ~ 1/30), not 0.1 / (2 phi(-100)) = 5; the
+    tube aim takes g as it is."""
+    steps, coefs = _unit_speed_pieces(monkeypatch)
+    lam, K, ratio = -100.0, 1e-3, 10.0  # ratio * rough / t1 = 10: the work cap stays out of the way
+    got, needed = E._defect_target(_Stub(lam, K), (steps, coefs), ([], []), 1.0, ratio)
+    phi = lambda g: math.expm1(g) / g  # noqa: E731
+    share = min(ratio, max(0.1 / (2 * phi(-30.0)), ratio * 1e-3))
+    tube = 0.25 / K / (2 * phi(lam))
+    assert float(got[0]) == pytest.approx(max(min(share, tube), 1e-12), rel=1e-12) and not needed
+    assert float(got[0]) < 0.5 * 0.1 / (2 * phi(lam))
