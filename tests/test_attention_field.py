@@ -284,6 +284,7 @@ def _mp_field(blk, x, mp):
 def test_make_field_picks_by_mixer_and_refuses_others():
     from conftest import random_block
     assert isinstance(make_field(attention_block(), 2, 2), AttentionField)
+    assert make_field(attention_block(), 2, 2, lognorm="structured").lognorm_kind == "structured"  # settings reach it
     assert isinstance(make_field(random_block(6), 2, 2), wp.SSoGField)
     blk = attention_block()
     blk.mixer = torch.nn.Identity()
@@ -384,13 +385,16 @@ def test_rounding_magnitudes_are_lemma_a4_on_the_absolute_weights():
 
 
 def test_a_magnitude_past_float64_is_refused_by_name():
-    """Weights of 1e100: out' and score' (1e200) are finite, |J|' (their product, 1e400) is not: refused, naming it."""
-    blk = attention_block(C=4, heads=1, seed=10)
-    with torch.no_grad():
-        for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(blk.mixer, p).weight.mul_(1e100)
-    with pytest.raises(ValueError, match="attention Jacobian magnitude"):
-        af.rounding_magnitudes(blk.mixer, 2.0, 3)
+    """Weights of 1e100: out' and score' (1e200) are finite, |J|' (their product, 1e400) is not; W_Q, W_K of 1e200
+    alone: score' (1e400) is not, out' is. Each refused, naming the bound that overflows."""
+    for scaled, what in ((("q_proj", "k_proj", "v_proj", "o_proj"), "attention Jacobian magnitude"),
+                         (("q_proj", "k_proj"), "score magnitude")):
+        blk = attention_block(C=4, heads=1, seed=10)
+        with torch.no_grad():
+            for p in scaled:
+                getattr(blk.mixer, p).weight.mul_(1e100 if len(scaled) == 4 else 1e200)
+        with pytest.raises(ValueError, match=what):
+            af.rounding_magnitudes(blk.mixer, 2.0, 3)
 
 
 def test_softmax_score_error_covers_perturbed_scores_and_is_inf_past_half():

@@ -1999,3 +1999,25 @@ def test_the_reference_keeps_the_callers_method_when_it_refines(monkeypatch):
     n = math.ceil(1.25 * (1.0 / 1e-3) ** 0.25)  # 8 pieces for the steps with defect 1.0, none for 1e-4
     want = [k / n * 0.25 for k in range(1, n)] + [0.5 + k / n * 0.25 for k in range(1, n)] + [1.0]
     assert calls[0][2] is None and calls[1][2] == pytest.approx(want, abs=1e-15) and len(steps) == len(want)
+
+
+def test_ssog_field_constants_are_those_of_a_linear_mixer():
+    """The report of the SSoG field: its mixer T is linear, so D^2 T = 0 (nested forward mode, exactly) and its
+    curvature is 0; ||J_T|| (autograd) <= the reported ||T||; the token radius is LN1's sqrt(C) max|gamma| +
+    ||beta||; lipschitz and curvature are the field's own at the same floor."""
+    model = _tiny_ode_vit(seed=4)
+    blk = model.vector_field.block.requires_grad_(False)
+    f = wp.SSoGField(blk, 2, 2)
+    v = 0.3
+    got = f.constants(v)
+    assert got == {"mixer": "ssog", "mixer_lipschitz": f.k.T_norm, "mixer_curvature": 0.0, "token_radius": f.k.rho1,
+                   "lipschitz": f.lipschitz(v), "curvature": f.curvature(v)}
+    g = torch.Generator().manual_seed(4)
+    z, u = (torch.randn(1, 2, 2, 6, generator=g, dtype=D) for _ in range(2))
+    d2 = torch.func.jvp(lambda w: torch.func.jvp(blk.mixer, (w,), (u,))[1], (z,), (u,))[1]
+    assert float(d2.abs().max()) == 0.0
+    J = torch.autograd.functional.jacobian(lambda w: blk.mixer(w.reshape(z.shape)).reshape(-1), z.reshape(-1))
+    assert float(torch.linalg.matrix_norm(J, 2)) <= got["mixer_lipschitz"]
+    n1 = blk.norm1
+    radius = math.sqrt(6) * float(n1.weight.abs().max()) + float(n1.bias.norm())
+    assert radius <= got["token_radius"] <= radius * (1 + 16 * torch.finfo(D).eps)  # rounded up by gamma_{C+4}

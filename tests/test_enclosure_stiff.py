@@ -51,6 +51,7 @@ def test_gain_8_is_refused_with_the_constant_that_blocks_it():
     assert not enc.proven.any() and math.isinf(float(enc.radius[-1, 0]))
     why = enc.reason[0]
     assert why.startswith("not attempted") and "M2 = " in why and "float64's reach" in why
+    assert enc.stats["refused"] is True and enc.stats["method_kind"] == "refused"
     assert enc.stats["seconds"]["total"] < 30
 
 

@@ -1182,3 +1182,64 @@ def test_power_iteration_and_flow_map_defaults():
     got_v, got_sigma = wp.worst_direction(block, x0, t1, generator=torch.Generator().manual_seed(5))
     assert float(got_sigma[0]) == pytest.approx(sigma, rel=1e-10)
     assert np.allclose(got_v.reshape(-1).numpy(), v, rtol=0, atol=1e-9)
+
+
+class _Decay(torch.nn.Module):
+    """x' = lam x."""
+    def __init__(self, lam):
+        super().__init__()
+        self.lam = lam
+
+    def vector_field(self, x):
+        return self.lam * x
+
+
+def test_fixed_step_dopri5_is_its_tableau_even_where_its_error_estimate_is_huge():
+    """steps = 4 with dopri5 on x' = -200 x: every step accepted at h = 1/4 (h lam = -50, far outside its
+    stability region: left to itself the solver rejects such a step even at rtol = atol = 1), and x(1) =
+    R(h lam)^4 x0 with R(z) = 1 + z + z^2/2 + z^3/6 + z^4/24 + z^5/120 + z^6/600, dopri5's stability polynomial."""
+    lam, n = -200.0, 4
+    out, f = wp.solve(_Decay(lam), torch.ones(1, 1, 1, 1, dtype=D), torch.tensor([0.0, 1.0], dtype=D), "dopri5",
+                      steps=n)
+    z = lam / n
+    R = 1 + z + z ** 2 / 2 + z ** 3 / 6 + z ** 4 / 24 + z ** 5 / 120 + z ** 6 / 600
+    assert f.steps == [(k / n, 1 / n) for k in range(n)] and f.rejected == 0
+    assert float(out[-1]) == pytest.approx(R ** n, rel=1e-12)
+
+
+def test_step_derivatives_fit_each_step_on_its_own_samples():
+    """Each step's quartic is fitted to that step's samples only: two steps carrying different quartics, the first
+    ending at 0.1 (float32 rounds it up), give each step's exact derivative at its inner samples."""
+    from lipcheck.wellposed.certificate import _step_derivatives
+    steps = [(0.0, 0.1), (0.1, 0.3)]
+    nodes = torch.linspace(0, 1, 5, dtype=D)
+    grid = torch.unique(torch.cat([a + (b - a) * nodes for a, b in steps]))
+    c1 = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7], dtype=D)
+    c2 = torch.tensor([0.0, 4.0, -3.0, 1.0, 2.5], dtype=D)  # y = p1(0.1) + p2(t - 0.1) on the second step
+    p = lambda c, s: sum(c[k] * s ** k for k in range(5))  # noqa: E731
+    dp = lambda c, s: sum(k * c[k] * s ** (k - 1) for k in range(1, 5))  # noqa: E731
+    y = torch.where(grid <= 0.1, p(c1, grid), p(c1, torch.tensor(0.1, dtype=D)) + p(c2, grid - 0.1))
+    dy = _step_derivatives(steps, grid, y.reshape(-1, 1, 1, 1, 1))[0].reshape(-1)  # (G, B, H, W, C)
+    first, second = grid < 0.1, grid > 0.1
+    assert torch.allclose(dy[first], dp(c1, grid[first]), rtol=1e-9, atol=1e-9)
+    assert torch.allclose(dy[second], dp(c2, grid[second] - 0.1), rtol=1e-9, atol=1e-9)
+
+
+def test_gradient_check_passes_land_on_t1():
+    """Both passes step onto t1 (torchdiffeq's step_t) instead of overshooting it and reading x(t1) off the dense
+    output: their loss is <w, x(t1)> of dopri5 landing on t1, solved here with torchdiffeq directly, to rounding,
+    and visibly not the overshooting solve's."""
+    import torchdiffeq
+    model, _ = linear_model(seed=0, scale=1.0)
+    images = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=D)
+    r = wp.gradient_check(model, images)  # dopri5, tol 1e-6, seed 0
+    block, x0, t1 = wp.prepare(model, images)
+    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0), dtype=D)
+    tt = torch.tensor([0.0, t1], dtype=D)
+    with torch.no_grad():
+        solve = lambda **kw: torchdiffeq.odeint(lambda t, x: block.vector_field(x), x0, tt, method="dopri5",  # noqa
+                                                rtol=1e-6, atol=1e-6, **kw)[-1]
+        land, over = float((solve(options={"step_t": tt[-1:]}) * w).sum()), float((solve() * w).sum())
+    assert abs(land - over) > 1e-10 * abs(land)
+    for p in (r["backprop"], r["adjoint"]):
+        assert p["loss"] == pytest.approx(land, rel=1e-13, abs=0), (p["loss"], land, over)
