@@ -247,6 +247,33 @@ def test_dense_lognorm_jacobian_and_its_rounding_bound():
     assert (err32 > 0).all() and (err > 0).all() and (err < err32).all()
 
 
+def test_dense_lognorm_guesses_from_the_nearest_state_of_any_earlier_batch():
+    """Point log-norms in batches of changing size and order (as an enclosure step hands them over): each state's
+    Cholesky certificate is tried at the eigenvector of the nearest state certified before, so a second batch of
+    shuffled nearby states needs no eigensolver; every value dominates the 40-digit top eigenvalue of the autograd
+    Jacobian's symmetric part, within the 2e-3 pad of it, and a state far from all cached ones still gets a bound
+    (by the eigensolver where its guess fails)."""
+    blk = _block(seed=4)
+    H, W, C = 2, 1, 4
+    g = torch.Generator().manual_seed(7)
+    y = torch.randn(3, H, W, C, generator=g, dtype=D)
+    dense = ln.DenseLogNorm(blk, H, W)
+    dense(y, 0.0)
+    solves = dense.eigensolves
+    y2 = torch.cat([y, y])[[4, 0, 2, 5, 1, 3]] + 1e-6 * torch.randn(6, H, W, C, generator=g, dtype=D)
+    got = dense(y2, 0.0)
+    assert dense.eigensolves == solves  # every guess certified
+    far = torch.cat([y2, 5 * torch.randn(1, H, W, C, generator=g, dtype=D)])
+    got_far = dense(far, 0.0)
+    J, err = dense.jacobian(far)
+    for b in range(7):
+        ref = torch.func.jacfwd(lambda z: blk.vector_field(z.reshape(1, H, W, C)).reshape(-1))(far[b].reshape(-1))
+        lam = _mp_lambda_max((ref + ref.T) / 2)
+        value = got[b] if b < 6 else got_far[b]
+        assert mpmath.mpf(float(value)) >= lam
+        assert float(value) <= float(lam) + 2e-3 * (1 + abs(float(lam))) + float(err[b]) + 1e-12
+
+
 def test_structured_lognorm_margin_is_lemma_four():
     """The margin added to the per-token eigenvalues: gamma_{hidden + 2C + 16} ||W2||_abs ||W1||_abs sup|GELU'|
     max ||D1_i|| C (proofs/S5.md, Lemma 4), on top of ||T|| max ||D1_i|| (1 + 8 u C) and eps_J."""

@@ -195,8 +195,9 @@ def dense_jacobian(block, y: torch.Tensor) -> torch.Tensor:
 
 class DenseLogNorm:
     """Point log-norms mu_2(J_F(y)) from the closed form J_F = T D1 + D2 (T dense once, D1, D2 per token):
-    n x n matrices without n evaluations of F. `guess`: try a Cholesky certificate at guess first (one
-    factorisation instead of an eigensolver, valid whatever the guess)."""
+    n x n matrices without n evaluations of F. Each state's certificate is tried first by Cholesky at the Rayleigh
+    quotient of the eigenvector of the nearest state of the last call, plus a pad (one factorisation instead of an
+    eigensolver, valid whatever the guess); an eigensolver serves the states where that fails."""
 
     def __init__(self, block, H: int, W: int, *, dtype=torch.float64, device=None):
         from .spectral import dense_operator, ssog_params
@@ -204,7 +205,8 @@ class DenseLogNorm:
         self.block, self.T = block, dense_operator(p, H, W)
         self.T_abs_norm = float(norm2_upper(self.T.abs()))  # verified by Cholesky
         self.mlp_abs = _mlp_abs_product(block, dict(dtype=dtype, device=device))  # || |W2| || sup|GELU'| || |W1| ||
-        self.vec = None  # top eigenvectors (B, n) of the last eigen-solved point: Rayleigh quotients guess the next
+        self.vec = None  # top eigenvectors (B, n) at the states of the last call: Rayleigh quotients guess the next
+        self.states = None
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0
 
@@ -227,19 +229,37 @@ class DenseLogNorm:
             err = err + _mlp_forming_error(self.block, self.mlp_abs, y.reshape(B, N, C)).flatten(1).norm(dim=-1)
         return J, err
 
+    def _guesses(self, y: torch.Tensor) -> torch.Tensor | None:
+        """For each state of y, the cached eigenvector of the nearest state certified before (batches of points of
+        several samples come in varying sizes and orders: the nearest state is the best guess whatever the order)."""
+        if self.vec is None:
+            return None
+        idx = torch.cdist(y.reshape(y.shape[0], -1), self.states).argmin(1)
+        return self.vec[idx]
+
     def __call__(self, y: torch.Tensor, eps_J: float) -> torch.Tensor:
         J, err = self.jacobian(y)
         S = (J + J.transpose(-1, -2)) / 2
-        out = None
-        if self.vec is not None and self.vec.shape[0] == S.shape[0]:
-            q = torch.einsum("bi,bij,bj->b", self.vec, S, self.vec)  # <= lambda_max: the certificate is tight
+        m = S.shape[0]
+        guess = self._guesses(y)
+        if guess is not None:
+            q = torch.einsum("bi,bij,bj->b", guess, S, guess)  # <= lambda_max: the certificate is tight
             ok, val = _cholesky_certifies(S, q + self.pad * (1 + q.abs()), unit_roundoff(S.dtype))
-            if bool(ok.all()):
-                out = val
-        if out is None:
-            w, V = torch.linalg.eigh(S)
-            self.vec, self.eigensolves = V[..., -1], self.eigensolves + 1
-            out = verified_lambda_max(S, lam=w[..., -1])
+            out = torch.where(ok, val, torch.full_like(val, math.inf))
+            vec = guess.clone()
+        else:
+            ok = torch.zeros(m, dtype=torch.bool, device=S.device)
+            out, vec = torch.full((m,), math.inf, dtype=S.dtype, device=S.device), None
+        todo = ~ok
+        if bool(todo.any()):  # an eigensolver only where the guess's Cholesky certificate failed
+            w, V = torch.linalg.eigh(S[todo])
+            out[todo] = verified_lambda_max(S[todo], lam=w[..., -1])
+            if vec is None:
+                vec = V[..., -1]
+            else:
+                vec[todo] = V[..., -1]
+            self.eigensolves += 1
+        self.vec, self.states = vec, y.reshape(m, -1).clone()
         return out + err + unit_roundoff(y.dtype) * torch.linalg.matrix_norm(J)
 
 

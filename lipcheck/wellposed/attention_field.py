@@ -88,13 +88,14 @@ class AttentionField(BlockField):
         _, eps_J = self.rounding(y, v)
         return J.reshape(B, n, n), torch.full((B,), math.sqrt(n) * eps_J, dtype=y.dtype, device=y.device)
 
+
 class _DenseLogNorm(ln.DenseLogNorm):
-    """`DenseLogNorm`'s verified top eigenvalue (a Cholesky certificate at the previous point's Rayleigh quotient,
-    an eigensolver where it fails) on the attention field's closed-form Jacobian."""
+    """`DenseLogNorm`'s verified top eigenvalue (a Cholesky certificate at the Rayleigh quotient of the nearest
+    earlier state's eigenvector, an eigensolver where it fails) on the attention field's closed-form Jacobian."""
 
     def __init__(self, field: AttentionField):
         self.block, self.field = field.block, field
-        self.vec, self.pad, self.eigensolves = None, 2e-3, 0
+        self.vec, self.states, self.pad, self.eigensolves = None, None, 2e-3, 0
 
     def jacobian(self, y: torch.Tensor):
         return self.field.jacobian(y)
