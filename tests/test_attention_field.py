@@ -387,8 +387,8 @@ def test_rounding_magnitudes_are_lemma_a4_on_the_absolute_weights():
 def test_a_magnitude_past_float64_is_refused_by_name():
     """Weights of 1e100: out' and score' (1e200) are finite, |J|' (their product, 1e400) is not; W_Q, W_K of 1e200
     alone: score' (1e400) is not, out' is. Each refused, naming the bound that overflows."""
-    for scaled, what in ((("q_proj", "k_proj", "v_proj", "o_proj"), "attention Jacobian magnitude"),
-                         (("q_proj", "k_proj"), "score magnitude")):
+    for scaled, what in ((("q_proj", "k_proj", "v_proj", "o_proj"), "the attention Jacobian magnitude bound"),
+                         (("q_proj", "k_proj"), "the score magnitude bound")):
         blk = attention_block(C=4, heads=1, seed=10)
         with torch.no_grad():
             for p in scaled:
@@ -475,3 +475,18 @@ def test_attention_rounding_is_lemma_a4_and_inf_off_the_ball():
     far = (y[:1] + 1e4).float()
     inf_F, inf_J = f.rounding(far, float(far.double().var(-1, unbiased=False).min()) * 0.999)
     assert inf_F.shape == (1,) and torch.isinf(inf_F).all() and inf_J == math.inf
+
+
+def test_constants_are_formed_in_the_requested_dtype_and_reported():
+    """dtype=float32: K2 and |J|' are those of the head products formed in float32 (their rounding covered, so a
+    true bound in either dtype, and visibly not float64's here); the field reports its constants as they are."""
+    blk = attention_block(C=6, heads=2, seed=14, scale=0.7)
+    R = ab.layernorm_image_radius(blk.norm1)
+    k = af.attention_field_constants(blk, 2, 2, dtype=torch.float32)
+    for dt, same in ((torch.float32, True), (torch.float64, False)):
+        K2 = af.attention_curvature_on_ball(blk.mixer, R, 4, dtype=dt)
+        mag = af.rounding_magnitudes(blk.mixer, R, 4, dtype=dt)
+        assert (k.K2 == K2, k.T_abs == mag["jacobian"]) == (same, same)
+    f, v = AttentionField(blk, 2, 2), 0.4
+    assert f.constants(v) == {"mixer": "attention", "mixer_lipschitz": f.k.T_norm, "mixer_curvature": f.k.K2,
+                              "token_radius": f.k.R, "lipschitz": f.lipschitz(v), "curvature": f.curvature(v)}

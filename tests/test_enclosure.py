@@ -2021,3 +2021,33 @@ def test_ssog_field_constants_are_those_of_a_linear_mixer():
     n1 = blk.norm1
     radius = math.sqrt(6) * float(n1.weight.abs().max()) + float(n1.bias.norm())
     assert radius <= got["token_radius"] <= radius * (1 + 16 * torch.finfo(D).eps)  # rounded up by gamma_{C+4}
+
+
+def test_the_reference_is_cut_where_its_remainder_needs_many_sub_intervals(monkeypatch):
+    """_reference_pieces with a field: a reference step whose remainder would need more than half of max_per_step
+    defect sub-intervals (`_sub_intervals`: 20 against max_per_step 8) is cut into ceil(20 / 4) = 5 equal pieces,
+    though its sampled defect is below the target; the re-solve's steps need no more cuts."""
+    from lipcheck.wellposed import enclosure as E
+    calls = []
+
+    def fake_quartic(sf, x0, t1, method=None, tol=None, step_times=None):
+        calls.append(step_times)
+        n = 4 if step_times is None else len(step_times)
+        return [(k / n, (k + 1) / n) for k in range(n)], ["coef"] * n
+
+    monkeypatch.setattr(E, "piecewise_quartic", fake_quartic)
+    monkeypatch.setattr(E, "_out_of_reach", lambda *a: None)
+    monkeypatch.setattr(E, "_defect_target", lambda *a: (torch.tensor([1e-3], dtype=D), False))
+    monkeypatch.setattr(E, "_step_defects", lambda sf, steps, coefs: torch.full((len(steps), 1), 1e-9, dtype=D))
+    monkeypatch.setattr(E, "_sub_intervals", lambda field, steps, coefs, target: torch.tensor(
+        [20.0 if len(steps) == 4 and k == 1 else 1.0 for k in range(len(steps))], dtype=D))
+    (steps, _), _ = E._reference_pieces(None, None, 1.0, ([], []), 1e-9, "dopri5", 0.02, None, 10 ** 6,
+                                        field="field", max_per_step=8)
+    want = [0.25 + 0.25 * j / 5 for j in range(1, 5)] + [1.0]
+    assert len(calls) == 2 and calls[1] == pytest.approx(want, abs=1e-15) and len(steps) == len(want)
+    # without a field nothing is cut for the remainder, and the target is ref_defect_ratio * (the rough distance
+    # from y to this reference) / t1
+    seen = []
+    monkeypatch.setattr(E, "_rough_distance", lambda *a: seen.append(a) or 2.0)
+    (steps, coefs), target = E._reference_pieces(None, None, 0.5, (["ys"], ["yc"]), 1e-9, "dopri5", 0.02, None, 10)
+    assert target == pytest.approx(0.08) and seen == [(["ys"], ["yc"], steps, coefs)] and len(steps) == 4
