@@ -398,14 +398,16 @@ def test_a_magnitude_past_float64_is_refused_by_name():
 
 
 def test_softmax_score_error_covers_perturbed_scores_and_is_inf_past_half():
-    """theta = 2 delta e^{2 delta} + gamma_{N+8}, delta = gamma_K score; scores moved by up to delta (the worst
-    case: one up, the rest down) move every weight by less than 2 delta e^{2 delta}; no bound once 2 delta >= 1."""
+    """theta = (a + b + a b)(1 + gamma_4), a = 2 delta e^{2 delta}, b = gamma_{N+8}, delta = gamma_K score (the two
+    relative errors composed); scores moved by up to delta (the worst case: one up, the rest down) move every weight
+    by less than a; no bound once 2 delta >= 1."""
     K, N = 200, 6
     g = torch.Generator().manual_seed(11)
     for score in (1.0, 1e10, 0.2 / _gamma(K), 0.49 / _gamma(K)):
         delta = _gamma(K) * score
         theta = af.softmax_score_error(score, K, N)
-        assert theta == pytest.approx(2 * delta * math.exp(2 * delta) + _gamma(N + 8), rel=1e-14)
+        a, b = 2 * delta * math.exp(2 * delta), _gamma(N + 8)
+        assert theta >= a + b + a * b and theta == pytest.approx((a + b + a * b) * (1 + _gamma(4)), rel=1e-14)
         s = torch.randn(N, generator=g, dtype=D)
         for j in range(N):
             moved = s - delta

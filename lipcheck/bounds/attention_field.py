@@ -141,12 +141,14 @@ def attention_field_constants(block, H: int, W: int, *, dtype=torch.float64, dev
 
 def softmax_score_error(score: float, K: int, N: int, u: float = U64) -> float:
     """theta >= the relative error of every computed softmax weight (Lemma A4): the scores err by at most
-    delta = gamma_K score in absolute value, which moves each weight by a factor within exp(+-2 delta), and exp,
-    the sum of N terms and the division add gamma_{N+8}."""
+    delta = gamma_K score in absolute value, which moves each weight by a factor within exp(+-2 delta) (relative
+    error a = 2 delta e^{2 delta}), and exp, the sum of N terms and the division add b = gamma_{N+8}; composed,
+    (1 + a)(1 + b) - 1 = a + b + a b, rounded up by 1 + gamma_4 (four float operations on nonnegative numbers)."""
     delta = gamma(K, u) * score
     if not 2 * delta < 1:
         return math.inf
-    return 2 * delta * math.exp(2 * delta) + gamma(N + 8, u)
+    a, b = 2 * delta * math.exp(2 * delta), gamma(N + 8, u)
+    return (a + b + a * b) * (1 + gamma(4, u))
 
 
 __all__ = ["attention_curvature_on_ball", "attention_field_constants", "AttentionFieldConstants", "curvature_terms",
