@@ -485,7 +485,8 @@ def test_bad_inputs_refused():
         big.o_proj.weight.mul_(1e300)
     with pytest.raises(ValueError, match="float64 range"):
         ssog_lipschitz(big, 4, 4)
-    r = ssog_lipschitz(layer, 60, 60, max_steps=20, rf_rtol=1e-3)  # N*C = 7200 > exact_max
+    # N*C = 7200 > exact_max (the deflated bound off: at C = 2 the size rule plans k = 2304 token functions, ~100 s)
+    r = ssog_lipschitz(layer, 60, 60, max_steps=20, rf_rtol=1e-3, deflated=False)
     assert r.exact is None and "exact_max" in r.exact_reason and r.method["exact"] == "not computed"
 
 
