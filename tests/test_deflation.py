@@ -403,6 +403,15 @@ def test_default_k_rule_and_the_default_call():
     assert b.k == 8 and exact * (1 - 1e-12) <= b.upper <= exact * 1.01
 
 
+def test_planned_k_holds_k_c_near_4608_and_caps_the_low_rank_path():
+    """planned_k: k C near 4608 (not below 10), below N, up to 32 x 32; beyond (the low-rank path's Lanczos) at most
+    LOWRANK_MAX_K, which binds only where C <= 8; 0 where the envelope does not fit."""
+    assert df.planned_k(32, 32, 48, 3) == 96 and df.planned_k(32, 32, 2, 1) == 1023
+    assert df.planned_k(60, 60, 2, 1) == df.LOWRANK_MAX_K == 512 and df.planned_k(60, 60, 9, 1) == 512
+    assert df.planned_k(64, 64, 48, 3) == 96 and df.planned_k(64, 64, 192, 3) == 24
+    assert df.planned_k(129, 129, 48, 3) == 0
+
+
 @pytest.mark.parametrize("n", [30, 100])
 def test_search_eigen_helpers_against_numpy(n):
     """The parameter search's helpers (estimates only, but they decide how tight the certified bound is):

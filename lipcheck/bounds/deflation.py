@@ -355,18 +355,23 @@ def default_k_gram(N: int, C: int) -> int:
     return max(1, min(max(10, 4608 // max(int(C), 1)), N - 1))
 
 
+LOWRANK_MAX_K = 512
+
+
 def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     """Token functions for the default certification's deflated bound (complement 'gram'), from the sizes alone:
     default_k_gram's k C near 4608 (times scale^(1/3): the k C x k C checks cost (k C)^3), lowered until Theorem D4's
     h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). Where X's h^4 channel products (h^4 C^3) exceed that budget
     (12 heads at C = 768), Theorem D3's h^2 terms serve instead (`d3_affordable`). 0 where the Gram envelope does not
-    fit (gram_envelope.affordable) or no k >= 1 fits. scale: the time budget over the 60 s these constants were sized
-    for (on 2 cores)."""
+    fit (gram_envelope.affordable) or no k >= 1 fits; at most LOWRANK_MAX_K beyond 32 x 32 (the low-rank path's
+    Lanczos). scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
     if not ge.affordable(H, W) or H * W < 2:
         return 0
     N = H * W
     g = GRAM_BUDGET * min(scale, 1.0)  # deflated_bound refuses a k beyond GRAM_BUDGET itself
     k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)
+    if not ge.dense(H, W):  # Lanczos for k eigenvectors of R_f beyond 32 x 32: k near N is a full eigensolve the slow
+        k = min(k, LOWRANK_MAX_K)  # way (C = 2 at 60 x 60: k = 2304, 77 s; capped, it changes C <= 8 only)
     # X's channel factors: h^4 products of C x C matrices (h^4 C^3 multiply-adds, h^4 C^2 numbers held at once:
     # 98 GB at 12 heads, C = 768), whatever k
     if heads ** 4 * float(C) ** 3 > g:
