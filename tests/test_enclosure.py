@@ -2036,8 +2036,9 @@ def test_the_reference_is_cut_where_its_remainder_needs_many_sub_intervals(monke
         return [(k / n, (k + 1) / n) for k in range(n)], ["coef"] * n
 
     monkeypatch.setattr(E, "piecewise_quartic", fake_quartic)
-    monkeypatch.setattr(E, "_out_of_reach", lambda *a: None)
-    monkeypatch.setattr(E, "_defect_target", lambda *a: (torch.tensor([1e-3], dtype=D), False))
+    monkeypatch.setattr(E, "_growth", lambda *a: None)
+    monkeypatch.setattr(E, "_out_of_reach", lambda *a, **k: None)
+    monkeypatch.setattr(E, "_defect_target", lambda *a, **k: (torch.tensor([1e-3], dtype=D), False))
     monkeypatch.setattr(E, "_step_defects", lambda sf, steps, coefs: torch.full((len(steps), 1), 1e-9, dtype=D))
     monkeypatch.setattr(E, "_sub_intervals", lambda field, steps, coefs, target: torch.tensor(
         [20.0 if len(steps) == 4 and k == 1 else 1.0 for k in range(len(steps))], dtype=D))

@@ -179,7 +179,7 @@ def _growth(field, steps, coefs) -> torch.Tensor:
     return ((lam[1:] + lam[:-1]) / 2 * h[:, None]).sum(0)
 
 
-def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> tuple[torch.Tensor, bool]:
+def _defect_target(field, user, rpieces, t1, ref_defect_ratio, g=None) -> tuple[torch.Tensor, bool]:
     """(B,) the defect y_ref is tuned to, per sample. Theorem 5 gives r_ref(t1) <= int exp(int_s^t1 mu) dbar ds,
     about 2 target t1 phi(g) for a defect dbar <= 2 target (sampled part and remainder) and g = int mu: the target
     aims r_ref(t1) at REF_SHARE of ||y(t1) - y_ref(t1)||, the part of the radius it adds to. Never above the
@@ -187,12 +187,11 @@ def _defect_target(field, user, rpieces, t1, ref_defect_ratio) -> tuple[torch.Te
     refinement), unless the tube needs it: r_ref is also aimed at REF_TUBE / M2 (`_tube_aim`), above which the
     tube's curvature term M2 rho feeds the log-norm and the bootstrap runs away. Never below REF_REACH sup ||y'||
     (`_reach`). Also returns whether the tube aim is below the other for some sample (then the proof needs it). A
-    tuning choice: every target gives a valid enclosure."""
+    tuning choice: every target gives a valid enclosure. g: `_growth(field, *user)` where the caller has it."""
     rough, at_t1 = _node_distances(*user, *rpieces[:2])
     rough, at_t1 = rough.double().cpu(), at_t1.double().cpu()
-    g_full = _growth(field, *user)
-    g = g_full.clamp(-30.0, 30.0)
-    phi = torch.where(g.abs() > 1e-8, torch.expm1(g) / g, torch.ones_like(g))
+    g_full = _growth(field, *user) if g is None else g
+    phi = _phi(g_full.clamp(-30.0, 30.0))
     base = ref_defect_ratio * rough / t1
     aim = REF_SHARE * at_t1 / (2 * t1 * phi)
     target = torch.minimum(base, torch.maximum(aim, REF_WORK_FLOOR * base))
@@ -236,11 +235,12 @@ def _sub_intervals(field, steps, coefs, target) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def _out_of_reach(field, steps, coefs, t1):
+def _out_of_reach(field, steps, coefs, t1, g=None):
     """Per sample, why the enclosure is refused without being tried, or None: the tube aim REF_TUBE / M2 divided
     by the growth 2 t1 phi(int mu) along y asks for a reference defect below REF_REACH sup ||y'|| (float64 cannot
-    deliver it). None for every sample if any can be tried (a tuning test: the estimates enter no bound)."""
-    g = _growth(field, steps, coefs)
+    deliver it). None for every sample if any can be tried (a tuning test: the estimates enter no bound). g:
+    `_growth(field, steps, coefs)` where the caller has it."""
+    g = _growth(field, steps, coefs) if g is None else g
     rho, M2, v = _tube_aim(field, steps, coefs)
     need = rho / (2 * t1 * _phi(g))
     reach = _reach(steps, coefs)
@@ -283,10 +283,11 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
     elif field is None:
         target = ref_defect_ratio * _rough_distance(*user, rpieces[0], rpieces[1]) / t1
     else:
-        refusal = _out_of_reach(field, *user, t1)
+        g = _growth(field, *user)  # point log-norms at y's step ends: once for both
+        refusal = _out_of_reach(field, *user, t1, g=g)
         if refusal is not None:
             return None, refusal
-        target, needed = _defect_target(field, user, rpieces, t1, ref_defect_ratio)
+        target, needed = _defect_target(field, user, rpieces, t1, ref_defect_ratio, g=g)
         if not needed:  # beyond REF_STEPS reference steps only where the tube needs them
             ref_max_steps = min(ref_max_steps, REF_STEPS)
     forced = []  # the times the reference is made to step to, kept from one refinement to the next
