@@ -27,7 +27,7 @@ import math
 import torch
 
 from ..mixers.attention import DenseAttention
-from ..rounding import gamma, unit_roundoff
+from ..rounding import gamma
 from .attention import _check_args, _head_norms, attention_lipschitz_on_ball, head_matrices, layernorm_image_radius
 from .lognorm import FieldConstants, _op, norm_mlp_numbers
 
@@ -151,10 +151,6 @@ def softmax_score_error(score: float, K: int, N: int, u: float = U64) -> float:
     return (a + b + a * b) * (1 + gamma(4, u))
 
 
-__all__ = ["attention_curvature_on_ball", "attention_field_constants", "AttentionFieldConstants", "curvature_terms",
-           "rounding_magnitudes", "softmax_score_error", "unit_roundoff"]
-
-
 def attention_jacobian(layer: DenseAttention, z: torch.Tensor) -> torch.Tensor:
     """J_Attn(Z) in closed form, (B, N, C, N, C) for tokens z (B, N, C): entry [b, i, c, k, e] is
     d Attn(Z)_{i c} / d z_{k e}. Per head, as a map of row vectors t -> J[t]_i = sum_k t_k M_ik,
@@ -179,3 +175,7 @@ def attention_jacobian(layer: DenseAttention, z: torch.Tensor) -> torch.Tensor:
         M[:, idx, idx] += (m["A"][h] @ sigma) / sd
         J += (M @ m["B"][h]).permute(0, 1, 4, 2, 3)
     return J
+
+
+__all__ = ["attention_curvature_on_ball", "attention_field_constants", "attention_jacobian", "AttentionFieldConstants",
+           "curvature_terms", "rounding_magnitudes", "softmax_score_error"]
