@@ -290,20 +290,19 @@ def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: floa
     Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds (its share
     of its batch's), the field's constants (`field`: the mixer's Lipschitz and curvature constants, the field's
     at the batch's token-variance floor, the largest log-norm over the tube), and where not proven the reason.
-    SSoG and dense-attention fields are enclosed (`wellposed.attention_field.make_field`); a model whose mixer
+    SSoG and dense-attention fields are enclosed (`wellposed.make_field`); a model whose mixer
     has no field (or attention without LayerNorm) is refused per image with that reason, not proven.
     keep_center: each row also holds the enclosure's centre at t1 ("center_t1", a tensor) for checks against
     another solve."""
     import time
 
     from . import shard, wellposed
-    from .wellposed.attention_field import make_field
     block, x0, t1 = wellposed.prepare(model, images)
     if batches is None:
         batches = shard.batches(x0.shape[0], batch)
     t = time.perf_counter()
     try:  # the field's constants (||T|| or attention's, curvature, LayerNorm's) once for every image
-        field = make_field(block, x0.shape[1], x0.shape[2])
+        field = wellposed.make_field(block, x0.shape[1], x0.shape[2])
     except (TypeError, ValueError) as err:  # no field for this mixer (or no LayerNorm before attention)
         return [{"image": i, "proven": False, "refused": True, "reason": str(err), "t_proven": 0.0,
                  "radius_t1": math.inf, "actual_t1": None, "ratio_t1": None, "seconds": time.perf_counter() - t}

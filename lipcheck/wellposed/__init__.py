@@ -12,6 +12,7 @@
   (Theorem 5), `distance` (Theorem 6), `envelope` (`lognorm_envelope`), `options`, `result`;
 - `gradients`: `gradient_check`, adjoint against backpropagation, NFE forward / backward counted separately.
 """
+from .attention_field import AttentionField, make_field
 from .certificate import aposteriori_certificate
 from .enclosure import enclose, enclose_field
 from .envelope import lognorm_envelope
@@ -29,4 +30,4 @@ from .sweep import SweepResult, convergence_summary, tolerance_sweep  # noqa: F4
 __all__ = ["METHODS", "TOLERANCES", "RK4_STEPS", "prepare", "solve", "sample_norm", "reference_solution",
            "tolerance_sweep", "perturbation_growth", "vector_field_constants", "aposteriori_certificate",
            "enclose", "enclose_field", "Enclosure", "EnclosureError", "SSoGField", "lognorm_envelope",
-           "gradient_check"]
+           "gradient_check", "AttentionField", "make_field"]
