@@ -135,7 +135,7 @@ def norm_mlp_numbers(block, fk) -> dict:
     for name, p in block.named_parameters():
         if not bool(torch.isfinite(p).all()):
             raise ValueError(f"block parameter {name} has non-finite entries; fix the weights before certifying")
-    C = block.mixer.dim if hasattr(block.mixer, "dim") else block.mixer.v_proj.in_features
+    C = block.mixer.dim  # both mixers the constants cover (SSoG, DenseAttention) carry their width
     g1, e1, r1, _ = _ln_numbers(block.norm1, C, fk)
     g2, e2, r2, _ = _ln_numbers(block.norm2, C, fk)
     bias = 0.0
