@@ -106,3 +106,59 @@ def test_enclosure_section_is_proven_and_contains_the_actual_error(quick_run):
     if all(enc["proven"]):
         assert max(w["G_max"]) >= w["measured_max_growth"]
     assert w["ratio"] == max(w["G_max"]) / w["measured_max_growth"]
+
+
+def test_enclosure_only_reports_the_actual_error_of_a_solve_made_here(tmp_path, monkeypatch):
+    """--enclosure-only (the full-size presets' run; here the tiny preset): the actual error at t1 it reports
+    equals ||x(t1) - y(t1)|| with x from classical RK4 at 1024 steps made here (torchdiffeq, checked against 512),
+    lies inside the proven radius, and the report, figure and verdict carry it under the preset's own name."""
+    from torchdiffeq import odeint
+
+    from lipcheck import wellposed
+    from lipcheck.commands import wellposed as mod
+    from lipcheck.commands.wellposed_phases import actual_error
+    seen = []  # the run's own enclosure and model, kept for the check below
+
+    def keep(model, images, **kw):
+        seen.append((model, images, enclose(model, images, **kw)))
+        return seen[-1][2]
+    enclose = wellposed.enclose
+    monkeypatch.setattr(wellposed, "enclose", keep)
+    rc = mod.main(["--enclosure-only", "--preset", "tiny", "--docs", str(tmp_path), "--no-progress",
+                   "--threads", "1"])
+    assert rc == 0
+    data = json.loads((tmp_path / "data" / "divergence_tiny.json").read_text())
+    e = data["enclosure"][0]
+    assert e["proven"] == [True] and e["contained"] is True
+    assert e["ratio_t1"][0] == pytest.approx(e["radius_t1"][0] / e["actual_t1"][0], rel=1e-12)
+    assert e["actual_t"][-1] == pytest.approx(e["t"][-1]) and len(e["actual"][0]) == len(e["actual_t"])
+    md = (tmp_path / "divergence_tiny.md").read_text()
+    assert "figures/divergence_tiny_enclosure.png" in md
+    assert (tmp_path / "figures" / "divergence_tiny_enclosure.png").exists()
+    assert "radius / actual" in md and "every actual error lies inside its radius: **yes**" in md
+    assert "radius / actual error at t1" in md.splitlines()[1]
+
+    (model, images, enc), = seen
+    m = model.double()
+    with torch.no_grad():
+        x0 = m.embed(images.double())
+        t = torch.tensor([0.0, float(m.t1)], dtype=torch.float64)
+        fine, coarse = (odeint(m.vector_field, x0, t, method="rk4", options={"step_size": float(m.t1) / n})[-1]
+                        for n in (1024, 512))
+    assert float((fine - coarse).norm()) < 1e-11
+    err = float((fine[0] - enc.center[-1, 0]).norm())
+    assert float(enc.radius[-1, 0]) == e["radius_t1"][0]
+    assert e["actual_t1"][0] == pytest.approx(err, rel=1e-6)
+    block, xb, t1 = wellposed.prepare(model, images)
+    got = actual_error(block, xb, t1, enc, times=3)
+    assert len(got["actual_t"]) == 3 and got["actual_t1"][0] == pytest.approx(err, rel=1e-6)
+
+
+def test_a_solve_outside_the_radius_fails_the_verdict():
+    from lipcheck.commands import wellposed as mod
+    enc = {"proven": [True], "ratio_t1": [0.5], "contained": False}
+    for only in (True, False):
+        v = mod.verdict({"enclosure": [enc], "must_show": {}}, enclosure_only=only)
+        assert v["status"] == "fails", v
+    v = mod.verdict({"enclosure": [{**enc, "ratio_t1": [1.2], "contained": True}]}, enclosure_only=True)
+    assert v["status"] == "holds" and "1.2-1.2" in v["number"]
