@@ -150,7 +150,7 @@ def markdown(data: dict, *, trained_here: bool, threads: int) -> str:
     threads: torch's CPU threads."""
     results, cfg = data["models"], data["settings"]
     md = intro(results, cfg) + s12_section(results) + s3_section(results) + s4_section(results, cfg)
-    md += s5_section(results, cfg) + enclosure_section(results) + own_model_section()
+    md += s5_section(results, cfg) + enclosure_section(results, cfg) + own_model_section()
     return "\n".join(md + regenerate_section(data["mode"], data["elapsed_s"], trained_here, threads))
 
 
@@ -307,15 +307,43 @@ def s5_findings(results, cfg) -> list[str]:
     return md
 
 
-def enclosure_section(results) -> list[str]:
+def constants_side_by_side(models: list[tuple[str, list[dict]]]) -> str:
+    """`field_constants_table`'s columns, one line per model and weights (the first enclose call's constants)."""
+    body = []
+    for name, rows in models:
+        f = next((r["field"] for r in rows if r.get("field")), None)
+        if f is None:
+            continue
+        mus = [r["field"]["mu_max"] for r in rows if r.get("field")]
+        body.append([name, f["mixer"]] + [f"{f[k]:.4g}" for k in ("mixer_lipschitz", "mixer_curvature",
+                                                                  "variance_floor", "lipschitz", "curvature")]
+                    + [f"{max(mus):.4g}", f"{sum(r['proven'] for r in rows)}/{len(rows)}"])
+    if not body:
+        return ""
+    return report.md_table(["model", "mixer", "mixer Lipschitz (on D_R)", "mixer curvature K2", "variance floor v",
+                            "field Lipschitz L(v)", "field curvature M2(v)", "largest tube log-norm", "proven"], body)
+
+
+def enclosure_section(results, cfg: dict | None = None) -> list[str]:
     md = ["### The proof: enclosures of every image's true trajectory", "",
           "`lipcheck.wellposed.enclose` per image (dopri5 at tol " f"{verdicts.ENCLOSE_TOL:g}" ", its reference solve "
           "enclosed at tol * 1e-3; proofs/S5.md), the radius at t1 beside the actual error against an independent "
           "fixed-step dopri8 solve converged to 1e-13. This is what `lipcheck wellposed --checkpoint RUN` runs.", ""]
+    consts = []
     for a in results:
         for state in ("trained", "init"):
             if "enclosure" in a.get(state, {}):
                 md += [f"**{name_of(a)}, {state} weights**", "", enclosure_table(a[state]["enclosure"]), ""]
+                consts.append((f"{name_of(a)}, {state}", a[state]["enclosure"]))
+    if cfg is not None and cfg.get("enclosure_seconds"):
+        md += [f"Each model's enclose call had a budget of {cfg['enclosure_seconds']:g} s; where it was used up, the "
+               "row says up to which t the proof holds.", ""]
+    table = constants_side_by_side(consts)
+    if table:
+        md += ["The constants each proof used, the two mixers side by side (proofs/S5.md, Lemma 2 and \"The "
+               "attention field\"): the mixer's Lipschitz bound on the LN1 image (||T|| for SSoG) and its curvature "
+               "(0 for SSoG's linear mixer), then the field's at the token-variance floor the tubes kept.", "", table,
+               ""]
     md += ["Both fields are enclosed the same way: pre-LN keeps attention's tokens in a ball, where its Jacobian and "
            "second derivative are bounded (proofs/S5.md, \"The attention field\"); both have solutions on [0, t1] "
            "(S5). The contrast is in the constants: attention's curvature grows like R^3 and makes its proof far "
