@@ -59,7 +59,7 @@ check("a-posteriori bound equals the actual error", sp.simplify(bound - actual) 
 # ---------------------------------------------------------------- Theorem 5 (the enclosure)
 # Lemma 1: LayerNorm's second derivative. n(x) = P x / s, s = sqrt(|P x|^2 / C + eps). Check the formula
 # D^2 n[u, u] = -2 w (z.w)/(C s^3) + z (3 (z.w)^2/(C^2 s^5) - |w|^2/(C s^3)) against sympy's derivative in C = 3,
-# and the bound 6 |u|^2 / (sqrt(C) s^2) at rational points.
+# and the sharp bound (2/sqrt(3)) |u|^2 / (sqrt(C) s^2): at rational points, and in general through the plane of y and w.
 import random  # noqa: E402
 
 C3 = 3
@@ -89,15 +89,22 @@ for _ in range(5):
     diff = (second - formula).subs(vals)
     ok_formula &= all(abs(float(sp.N(d, 30))) < 1e-20 for d in diff)
     lhs = float(sp.N(sp.sqrt(sum(c ** 2 for c in formula.subs(vals))), 30))
-    rhs = float(sp.N(6 * sum(vals[ui] ** 2 for ui in us) / (sp.sqrt(C3) * sv.subs(vals) ** 2), 30))
+    rhs = float(sp.N(2 / sp.sqrt(3) * sum(vals[ui] ** 2 for ui in us) / (sp.sqrt(C3) * sv.subs(vals) ** 2), 30))
     ok_bound &= lhs <= rhs
 check("Lemma 1: D^2 xhat[u, u] formula equals sympy's second derivative (C = 3, 5 rational points)", ok_formula)
-check("Lemma 1: ||D^2 xhat[u, u]|| <= 6 ||u||^2 / (sqrt(C) s^2) at those points", ok_bound)
-Cs, ss, wn = sp.symbols("C s wn", positive=True)
-zmax = sp.sqrt(Cs) * ss  # |z| <= sqrt(C) s
-terms = 2 * wn * zmax * wn / (Cs * ss ** 3) + zmax * (3 * zmax ** 2 * wn ** 2 / (Cs ** 2 * ss ** 5) + wn ** 2 / (Cs * ss ** 3))
-check("Lemma 1: the three term bounds add up to 6 |w|^2 / (sqrt(C) s^2)",
-      sp.simplify(terms - 6 * wn ** 2 / (sp.sqrt(Cs) * ss ** 2)) == 0)
+check("Lemma 1: ||D^2 xhat[u, u]|| <= (2/sqrt(3)) ||u||^2 / (sqrt(C) s^2) at those points", ok_bound)
+# the general case: y = z / s = rho sqrt(C) yhat (q = rho^2 <= 1), w = |w| (c yhat + sn e), a = c^2
+Cs, ss, wn, rho, cs = sp.symbols("C s wn rho c", positive=True)
+qq, aa = sp.symbols("q a", nonnegative=True)
+yv, wv = sp.Matrix([rho * sp.sqrt(Cs), 0]), sp.Matrix([wn * cs, wn * sp.sqrt(1 - cs ** 2)])
+yw = (yv.T * wv)[0]
+D2 = (-2 * wv * yw - yv * wn ** 2 + 3 * yv * yw ** 2 / Cs) / (Cs * ss ** 2)
+f2 = qq * ((4 - 3 * qq) * aa * (2 - 3 * aa * qq) + 1)
+check("Lemma 1: ||D^2 xhat[u, u]||^2 = (|w|^2 / (sqrt(C) s^2))^2 q [(4 - 3q) a (2 - 3 a q) + 1]",
+      sp.simplify((D2.T * D2)[0] - (wn ** 2 / (sp.sqrt(Cs) * ss ** 2)) ** 2 * f2.subs({qq: rho ** 2, aa: cs ** 2})) == 0)
+check("Lemma 1: 4/3 - q [(4 - 3q) a (2 - 3 a q) + 1] = (4 - 3q) (1 - 3 q a)^2 / 3 (>= 0 for q <= 1): the constant "
+      "2/sqrt(3), attained at q a = 1/3", sp.expand(sp.Rational(4, 3) - f2 - (4 - 3 * qq) * (1 - 3 * qq * aa) ** 2 / 3) == 0
+      and sp.simplify(f2.subs({qq: sp.Rational(1, 3), aa: 1}) - sp.Rational(4, 3)) == 0)
 
 # sup |GELU''| = sqrt(2/pi): GELU'' = phi(x) (2 - x^2), critical points 0 and +-2
 xg = sp.symbols("x", real=True)
@@ -110,7 +117,8 @@ check("sup |GELU''| = 2 phi(0) = sqrt(2/pi) (critical points 0, +-2; limit 0 at 
       set(crit) == {0, 2, -2} and sp.simplify(max(gvals, key=lambda v: float(v)) - sp.sqrt(2 / sp.pi)) == 0)
 from lipcheck.bounds.lognorm import GELU2_SUP, LN_CURVATURE  # noqa: E402
 check("the code's constants are those proven here",
-      abs(GELU2_SUP - float(sp.sqrt(2 / sp.pi))) < 1e-15 and LN_CURVATURE == 6)
+      abs(GELU2_SUP - float(sp.sqrt(2 / sp.pi))) < 1e-15
+      and 0 <= sp.Rational(LN_CURVATURE) - 2 / sp.sqrt(3) < sp.Rational(1, 10 ** 12))
 
 # Step 5 (one sub-interval): R(s) = r0 e^{mu s} + d (e^{mu s} - 1)/mu solves the comparison equation, and
 # R' = e^{mu s} (mu r0 + d) has one sign, so the sup of R over [0, tau] is at an end point.

@@ -296,7 +296,8 @@ def test_field_constants_match_independent_norms():
     v = 0.05
     l1, l2 = 2.0 / math.sqrt(v + 1e-6), 0.5 / math.sqrt(v + 0.3)
     assert close(k.ln_jacobian(1, v), l1) and close(k.ln_jacobian(2, v), l2)
-    c1, c2 = 6 * 2.0 / (math.sqrt(C) * (v + 1e-6)), 6 * 0.5 / (math.sqrt(C) * (v + 0.3))
+    c = 2 / math.sqrt(3)  # Lemma 1's sharp constant
+    c1, c2 = c * 2.0 / (math.sqrt(C) * (v + 1e-6)), c * 0.5 / (math.sqrt(C) * (v + 0.3))
     assert close(k.ln_curvature(1, v), c1) and close(k.ln_curvature(2, v), c2)
     mlp = k.W2 * k.gelu1 * k.W1
     assert close(k.lipschitz(v), k.T_norm * l1 + mlp * l2)
@@ -2052,3 +2053,41 @@ def test_the_reference_is_cut_where_its_remainder_needs_many_sub_intervals(monke
     monkeypatch.setattr(E, "_rough_distance", lambda *a: seen.append(a) or 2.0)
     (steps, coefs), target = E._reference_pieces(None, None, 0.5, (["ys"], ["yc"]), 1e-9, "dopri5", 0.02, None, 10)
     assert target == pytest.approx(0.08) and seen == [(["ys"], ["yc"], steps, coefs)] and len(steps) == 4
+
+
+def test_the_defect_remainder_uses_each_tokens_own_curvature():
+    """defect.token_curvature bounds sup ||D^2 F(y(s))[y'(s), y'(s)]|| on a step (nested autograd at 33 points,
+    LayerNorm written out), and sample_step's remainder with it is below the one with the scalar M2 alone (tokens
+    of different stds)."""
+    import lipcheck.wellposed.defect as dm
+    from conftest import block_field
+    from lipcheck.wellposed.quartic import _poly, piecewise_quartic
+    blk = random_block(8, heads=2, seed=5)
+    field = wp.SSoGField(blk, 3, 3)
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(1, 3, 3, 8, dtype=D, generator=g) * torch.linspace(0.4, 2.5, 9, dtype=D).reshape(1, 3, 3, 1)
+    steps, coefs, _ = piecewise_quartic(blk.vector_field, x0, 0.3, method="dopri5", tol=1e-6)
+    info = dm.step_bounds(steps, coefs, 8)
+    F = block_field(blk)
+    c, inf = coefs[0], info[0]
+    s = torch.linspace(0, 1, 33, dtype=D)
+    y, d1 = _poly(c, s, inf["h"], 0), _poly(c, s, inf["h"], 1)
+    actual = max(float(torch.func.jvp(lambda z: torch.func.jvp(F, (z,), (d1[j],))[1], (y[j],), (d1[j],))[1].norm())
+                 for j in range(33))
+    floor = (y.var(-1, unbiased=False).sqrt().flatten(2) - 1e-3)  # (33, B, N): below every sampled std
+    got = float(dm.token_curvature(field, floor, inf["speed_tok"], 8)[0])
+    assert actual <= got
+    per_token = dm.sample_step(field, c, inf, 16)["remainder"]
+
+    class Scalar:  # the same field without curvature_parts
+        uses_variance = True
+
+        def __getattr__(self, name):
+            if name == "curvature_parts":
+                raise AttributeError(name)
+            return getattr(field, name)
+
+        def __call__(self, x):
+            return field(x)
+    scalar = dm.sample_step(Scalar(), c, inf, 16)["remainder"]
+    assert bool((per_token <= scalar).all()) and float(per_token.max()) < 0.95 * float(scalar.max())

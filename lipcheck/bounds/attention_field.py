@@ -115,6 +115,12 @@ class AttentionFieldConstants(FieldConstants):
         # the inherited part and K2 l1^2, each a few float64 operations: rounded up together by 1 + gamma_8
         return (super().curvature(v) + self.K2 * l1 * l1) * (1 + gamma(8, U64))
 
+    def curvature_parts(self, v: torch.Tensor) -> list:
+        """`FieldConstants.curvature_parts` (Lip(Attn) in ||T||'s place) and K2 (sum_j l1(v_j)^4 ||u_j||^4)^(1/2)
+        for D^2 Attn[D Lambda u, D Lambda u] (Lemma A3's quadratic form token by token); unrounded."""
+        l1, _ = self._ln_tokens(1, v)
+        return super().curvature_parts(v) + [(self.K2, l1 * l1)]
+
     def lipschitz(self, v: float) -> float:
         return super().lipschitz(v) * (1 + gamma(4, U64))
 

@@ -5,7 +5,7 @@
 T is the fixed SSoG operator (linear), D1 = blockdiag_i J_LN1(x_i) and D2 = blockdiag_i J_{MLP o LN2}(x_i)
 act token by token. On states whose tokens all have variance >= v (eps the LayerNorm epsilon, C channels):
 
-    ||J_LN(x_i)|| <= g / sqrt(v + eps),          ||D^2 LN(x_i)[u, u]|| <= 6 g ||u||^2 / (sqrt(C) (v + eps))
+    ||J_LN(x_i)|| <= g / sqrt(v + eps),          ||D^2 LN(x_i)[u, u]|| <= (2/sqrt(3)) g ||u||^2 / (sqrt(C) (v + eps))
     ||D^2 MLP(z)[w, w]|| <= ||W2|| sup|GELU''| ||W1||^2 ||w||^2,      sup|GELU''| = 2 phi(0) = sqrt(2/pi)
 
 (g = max|gamma|), hence ||J_F(x)|| <= `lipschitz(v)` and ||J_F(x) - J_F(z)|| <= `curvature(v)` max_i ||x_i - z_i||
@@ -32,7 +32,9 @@ from ..rounding import gamma, norm2_upper, unit_roundoff, verified_lambda_max  #
 
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 GELU2_SUP = math.sqrt(2 / math.pi)  # sup |GELU''| = |phi(0) (2 - 0)| (proofs/s5_check.py checks it)
-LN_CURVATURE = 6.0  # ||D^2 xhat[u, u]|| <= 6 ||u||^2 / (sqrt(C) s^2), s^2 = var + eps (proofs/S5.md, Lemma 1)
+# ||D^2 xhat[u, u]|| <= (2 / sqrt(3)) ||u||^2 / (sqrt(C) s^2), s^2 = var + eps, sharp (proofs/S5.md, Lemma 1);
+# 2 / sqrt(3) = 1.15470053837925153..., rounded up
+LN_CURVATURE = 1.1547005383793
 
 
 @dataclasses.dataclass
@@ -90,6 +92,29 @@ class FieldConstants:
         # <= max_j ||w_j|| ||W1|| ||w||^2 (proofs/S5.md, Lemma 1)
         return (self.T_norm * self.ln_curvature(1, v) + self.mlp_lipschitz * self.ln_curvature(2, v)
                 + self.W2 * GELU2_SUP * self.W1 * min(self.W1, self.W1_row) * l2 * l2)
+
+
+    def _ln_tokens(self, which: int, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Jacobian, curvature) constants of LN `which` per token at token variance floors v (a tensor): the
+        tensor forms of ln_jacobian and ln_curvature (inf where v + eps <= 0)."""
+        g, e = self._ln(which)
+        if math.isinf(e):
+            return torch.ones_like(v), torch.zeros_like(v)
+        ve = v + e
+        inf = torch.full_like(v, math.inf)
+        jac = torch.where(ve > 0, g / ve.clamp_min(1e-300).sqrt(), inf)
+        return jac, torch.where(ve > 0, LN_CURVATURE * g / (math.sqrt(self.C) * ve.clamp_min(1e-300)), inf)
+
+    def curvature_parts(self, v: torch.Tensor) -> list:
+        """Lemma 2 token by token: [(a_k, c_k)] with ||D^2 F(x)[u, u]|| <= sum_k a_k (sum_i c_ki^2 ||u_i||^4)^(1/2)
+        wherever token i has variance >= v_i (v: per-token floors, any shape ending in the tokens). With every v_i
+        equal to v, sum_k a_k c_ki is curvature(v): each token's block of D^2 F[u, u] is at most its own constant
+        times ||u_i||^2 (the mixer part through ||T||, the MLP part token by token). Unrounded: the caller rounds
+        the assembled (nonnegative) sum."""
+        l2, c2 = self._ln_tokens(2, v)
+        _, c1 = self._ln_tokens(1, v)
+        mlp = self.mlp_lipschitz * c2 + self.W2 * GELU2_SUP * self.W1 * min(self.W1, self.W1_row) * l2 * l2
+        return [(self.T_norm, c1), (1.0, mlp)]
 
 
 def _op(w) -> float:

@@ -64,7 +64,8 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     # how far a token of y moves from the nearer end, plus fl(y) - y (the stds are those of fl(y)); the products,
     # the sum and the division by sqrt(C) rounded up by 1 + gamma_5
     reach = (inf["speed_tok"] * (tau / 2) + inf["err_y"][:, None]) / math.sqrt(C) * (1 + ln.gamma(5, u))
-    floor = (torch.minimum(std[:-1], std[1:]) - reach).amin(-1)  # (m, B) token std floor on each sub-interval
+    floor_tok = torch.minimum(std[:-1], std[1:]) - reach  # (m, B, N) each token's std floor on each sub-interval
+    floor = floor_tok.amin(-1)  # (m, B)
     # the subtraction (where positive) and the square round once each: 1 - gamma_4 keeps v_y below floor^2
     v_y = float(floor.clamp_min(0).min()) ** 2 * (1 - ln.gamma(4, u)) if field.uses_variance else 0.0
     eps_F, eps_J = field.rounding(y.reshape(-1, H, W, C), v_y)
@@ -72,13 +73,33 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     L, M2 = field.lipschitz(v_y), field.curvature(v_y)
     dn = sample_norm(d1 - Fy)  # (m+1, B)
     rd = inf["err_d1"] + eps_F + L * inf["err_y"]
-    # sup ||delta''|| on the step (B,): ||D^2F[u, u]|| <= M2 (sum_i ||u_i||^4)^(1/2) token by token (Lemma 2)
-    Mdd = inf["d3"] + M2 * torch.minimum(inf["sq4"], inf["d1"] ** 2) + L * inf["d2"]
+    # sup ||delta''|| on the step (B,): ||D^2F[u, u]|| <= M2 (sum_i ||u_i||^4)^(1/2) token by token (Lemma 2), or
+    # with each token's constant at its own variance floor where the field gives them (`token_curvature`)
+    curv = M2 * torch.minimum(inf["sq4"], inf["d1"] ** 2)
+    if field.uses_variance and hasattr(field, "curvature_parts"):
+        curv = torch.minimum(curv, token_curvature(field, floor_tok, inf["speed_tok"], C))
+    Mdd = inf["d3"] + curv + L * inf["d2"]
     # delta - (its linear interpolant) = -int G delta'', G >= 0, int G = s (tau - s) / 2 <= tau^2 / 8
     rem = tau ** 2 / 8 * Mdd
     sup = torch.maximum(dn[:-1], dn[1:]) + rd + rem
     return dict(m=m, s=s, y=y, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
                 remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J)
+
+
+def token_curvature(field, floor_tok: torch.Tensor, speed_tok: torch.Tensor, C: int) -> torch.Tensor:
+    """(B,) >= sup ||D^2 F(y)[y', y']|| on a step, Lemma 2 token by token: sum_k a_k (sum_i c_ki(v_i)^2 s_i^4)^(1/2)
+    with v_i = (token i's std floor over the step's sub-intervals)^2 (1 - gamma_4) and s_i >= sup ||y_i'||
+    (`field.curvature_parts`). Every quantity is >= 0: the c_ki (<= 8 operations each), the squares, fourth powers
+    and products, the sum over N tokens, the root and the sum over parts are rounded up together by
+    1 + gamma_{N + 4C + 96} (4C as for `step_bounds`' sq4: s_i's own evaluation error to the fourth power). nan
+    (an inf constant times a token that does not move) counts as inf."""
+    u = ln.unit_roundoff(floor_tok.dtype)
+    N = floor_tok.shape[-1]
+    v = floor_tok.clamp_min(0).amin(0) ** 2 * (1 - ln.gamma(4, u))  # (B, N)
+    s4 = speed_tok ** 4
+    total = sum(a * (c * c * s4).sum(-1).sqrt() for a, c in field.curvature_parts(v))
+    total = total * (1 + ln.gamma(N + 4 * C + 96, u))
+    return torch.nan_to_num(total, nan=math.inf)
 
 
 def refined_step(field, c, inf, opts) -> dict:

@@ -32,6 +32,10 @@ class BlockField:
     def curvature(self, v: float) -> float:
         return self.k.curvature(v)
 
+    def curvature_parts(self, v: torch.Tensor) -> list:
+        """Lemma 2 token by token at per-token variance floors v (`FieldConstants.curvature_parts`)."""
+        return self.k.curvature_parts(v)
+
     def reset(self) -> None:
         """Forget the eigenvector guesses of earlier points (the next bounds do not depend on them)."""
         self._cache = {}
