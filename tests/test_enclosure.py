@@ -2091,3 +2091,18 @@ def test_the_defect_remainder_uses_each_tokens_own_curvature():
             return field(x)
     scalar = dm.sample_step(Scalar(), c, inf, 16)["remainder"]
     assert bool((per_token <= scalar).all()) and float(per_token.max()) < 0.95 * float(scalar.max())
+
+
+def test_bernstein_sup_margin_follows_the_coefficients_dtype():
+    """_bern_sup's rounding margin is gamma_16 of the coefficients' own dtype: float32 coefficients get a margin
+    about 1e-6 relative above the float64 evaluation of the same numbers (float64's 1e-15 would not cover float32's
+    rounding), and both stay above the sup sampled densely in float64."""
+    from lipcheck.wellposed.quartic import _bern_sup, _poly
+    g = torch.Generator().manual_seed(7)
+    c32 = torch.randn(5, 3, 2, 2, 4, generator=g).float()
+    c64 = c32.double()
+    s = torch.linspace(0, 1, 2001, dtype=D)
+    for d in (1, 2, 3):
+        b32, b64 = _bern_sup(c32, 0.5, d).double(), _bern_sup(c64, 0.5, d)
+        sampled = _poly(c64, s, 0.5, d).flatten(2).norm(dim=-1).amax(0)
+        assert bool((b64 >= sampled).all()) and bool((b32 >= b64 * (1 + 5e-7)).all())

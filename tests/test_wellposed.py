@@ -143,6 +143,26 @@ def test_linear_certificate_bounds_the_exact_error():
     assert np.all(np.array(c["bound"][0][1:]) >= err[1:])
 
 
+def test_the_certificate_ends_on_t1_and_runs_in_the_asked_dtype():
+    """t1 = 0.3 is not a float32 number: the certificate's last sampled time is float64's 0.3, where its actual
+    error is the exact one (expm); with dtype=float32 the solve runs in float32 (its actual error is float32's
+    round-off above the float64 run's)."""
+    model, layer = linear_model(seed=2, t1=0.3)
+    images = torch.randn(1, 3, 12, 12, dtype=D)
+    c = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8)
+    assert c["t"][-1] == 0.3
+    A, _ = augmented_matrix(layer, 3, 3)
+    block, x0, _ = wp.prepare(model, images)
+    y, _ = wp.solve(block, x0, torch.tensor(c["t"], dtype=D), "dopri5", tol=1e-3)
+    err = float(np.linalg.norm(y[-1, 0].reshape(-1).numpy() - exact(A, x0, 0.3)[0]))
+    assert c["actual_t1"][0] == pytest.approx(err, rel=1e-6)
+    f = wp.aposteriori_certificate(model, images, tol=1e-3, per_step=8, dtype=torch.float32)
+    assert f["t"][-1] == pytest.approx(0.3, rel=1e-7) and f["t"][-1] != 0.3  # float32's 0.3
+    assert f["actual_t1"][0] != c["actual_t1"][0]
+    # the dense output's round-off margin is float32's, not float64's
+    assert f["derivative_roundoff_margin"] > 1e6 * c["derivative_roundoff_margin"] > 0
+
+
 def test_tiny_model_sweep_converges():
     torch.manual_seed(0)
     model = vit_from_preset("tiny", "ode", "ssog", dtype=D)
