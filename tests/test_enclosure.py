@@ -618,6 +618,13 @@ def test_reference_method_is_tight_on_the_linear_ode():
     direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None)
     assert enc.proven.all() and direct.proven.all()
     assert enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.reference is not None and direct.reference is None
+    # the reference's log-norm slack by default: max(mu_slack, 1 / t1) (an e-fold at most on r_ref), the user's
+    # solve enclosed directly keeps mu_slack
+    assert (enc.stats["mu_slack"], direct.stats["mu_slack"]) == (1.0, 0.25)
+    half = wp.enclose_field(LinearField(A), x0, 0.5, tol=1e-6)
+    assert half.proven.all() and half.stats["mu_slack"] == 2.0
+    err_half = np.linalg.norm(_expm_solution(A, x0, [0.5])[-1] - half.center[-1].reshape(2, -1).numpy(), axis=-1)
+    assert (err_half <= half.radius[-1].numpy()).all()
     exact = _expm_solution(A, x0, enc.t.tolist())
     err = np.linalg.norm(exact - enc.center.reshape(len(enc.t), 2, -1).numpy(), axis=-1)
     assert (err <= enc.radius.numpy()).all()

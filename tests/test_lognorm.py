@@ -248,6 +248,41 @@ def test_dense_lognorm_jacobian_and_its_rounding_bound():
     for b in range(2):
         assert float(torch.linalg.matrix_norm(J32[b].double() - J[b], 2)) <= float(err32[b])
     assert (err32 > 0).all() and (err > 0).all() and (err < err32).all()
+    # the symmetric part formed without J, in float32, against sym(J) in float64: within its own allowance
+    S32, errS32 = d32.symmetric(y.float())
+    for b in range(2):
+        sym = (J[b] + J[b].T) / 2
+        assert float(torch.linalg.matrix_norm(S32[b].double() - sym, 2)) <= float(errS32[b])
+    assert (errS32 > err32).all()
+
+
+def test_dense_lognorm_at_lapack_order_against_autograd():
+    """n = 4 x 4 x 16 = 256 (LAPACK's potrf and syevx called directly): the first call has no guesses (an
+    eigensolver for every state), the second mixes a state near a certified one (its guess certifies) with a far
+    one (the eigensolver again, its S formed anew after the certificate used it up); every value dominates the
+    top eigenvalue of the symmetric part of autograd's Jacobian, within the 2e-3 pad."""
+    blk = random_block(16, heads=2, seed=8)
+    H, W, C = 4, 4, 16
+    g = torch.Generator().manual_seed(9)
+    y = torch.randn(2, H, W, C, generator=g, dtype=D)
+    dense = ln.DenseLogNorm(blk, H, W)
+    assert H * W * C >= rounding.LAPACK_MIN_N
+
+    def ref(z):
+        Jr = torch.autograd.functional.jacobian(lambda x: blk.vector_field(x[None])[0], z).reshape(256, 256)
+        return float(np.linalg.eigvalsh(((Jr + Jr.T) / 2).numpy()).max())
+    first = dense(y, 0.0)
+    assert dense.eigensolves == 1
+    for b in range(2):
+        r = ref(y[b])
+        assert r <= float(first[b]) <= r + 1e-9 * (1 + abs(r))
+    z = torch.stack([y[0] + 1e-4 * torch.randn(H, W, C, generator=g, dtype=D),
+                     3 * torch.randn(H, W, C, generator=g, dtype=D)])
+    second = dense(z, 0.0)
+    assert dense.eigensolves == 2
+    r0, r1 = ref(z[0]), ref(z[1])
+    assert r0 <= float(second[0]) <= r0 + 2.1e-3 * (1 + abs(r0))  # the guess's certificate: within the pad
+    assert r1 <= float(second[1]) <= r1 + 1e-9 * (1 + abs(r1))  # the eigensolver's: tight
 
 
 def test_dense_lognorm_guesses_from_the_nearest_state_of_any_earlier_batch():
@@ -363,14 +398,17 @@ def test_dense_jacobian_rounding_bound_is_lemma_four():
 
 
 def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
-    """DenseLogNorm(y, 0) = lambda + err + u ||J||_F: the verified top eigenvalue lambda of (J + J^T) / 2, then the
-    allowance err for the formed Jacobian (jacobian()'s second output) and u ||J||_F, added on top, never subtracted
-    or shrunk. The verification is replaced by the eigensolver's own value here, so that the sum can be checked
-    to the last bit (with the verification its slack, ~1e-12, hides terms of 1e-13); that lambda itself is >= the
-    numpy eigenvalue of autograd's Jacobian."""
+    """DenseLogNorm(y, 0) = lambda + err_S: the verified top eigenvalue lambda of S = fl(sym(J)) (formed without J,
+    `symmetric`), then the allowance err_S = err + 3u (|| |T| || ||D1||_F + err + ||D2||_F)(1 + gamma_{n^2+4}) +
+    n (C + 8) eta for J's forming (jacobian()'s err) and the transposed sum, added on top, never subtracted or
+    shrunk; S lies within that sum's part of sym(J) formed from J, and err_S is at least the allowance of the plain
+    sym(fl(J)) (err + u ||J||_F). The verification is replaced by the eigensolver's own value here, so that the sum
+    can be checked to the last bit (with the verification its slack, ~1e-12, hides terms of 1e-13); that lambda
+    itself is >= the numpy eigenvalue of autograd's Jacobian."""
     blk = random_block(6, heads=2, seed=5)
     y = torch.randn(3, 2, 2, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     u = torch.finfo(torch.float64).eps / 2
+    eta = torch.finfo(torch.float64).smallest_normal * torch.finfo(torch.float64).eps
     honest = ln.DenseLogNorm(blk, 2, 2)(y, 0.0)
     assert torch.equal(ln.dense_lognorm(blk, y, 0.0), honest)  # the one-call form: the same certified number
     seen = {}
@@ -378,8 +416,16 @@ def test_dense_lognorm_adds_the_jacobian_rounding_allowance(monkeypatch):
     dl = ln.DenseLogNorm(blk, 2, 2)
     got = dl(y, 0.0)
     J, err = dl.jacobian(y)
-    want = (seen["lam"] + err) + u * torch.linalg.matrix_norm(J)
-    assert torch.equal(got, want) and (err > 0).all()
+    S, err_S = dl.symmetric(y)
+    D1, _, D2 = ln.token_jacobians(blk, y, full=True)
+    n = 24
+    g = n * n + 4
+    size = dl.T_abs_norm * D1.flatten(1).norm(dim=-1) + err + D2.flatten(1).norm(dim=-1)
+    assert torch.equal(err_S, err + 3 * u * size * (1 + g * u / (1 - g * u)) + n * 14 * eta)
+    assert torch.equal(got, seen["lam"] + err_S) and (err > 0).all()
+    assert (err_S >= err + u * torch.linalg.matrix_norm(J)).all()
+    sym = (J + J.transpose(-1, -2)) / 2
+    assert (torch.linalg.matrix_norm(S - sym) <= err_S - err).all() and not torch.equal(S, torch.zeros_like(S))
     for b in range(3):
         Jr = torch.autograd.functional.jacobian(lambda z: blk.vector_field(z[None])[0], y[b]).reshape(24, 24).numpy()
         ref = np.linalg.eigvalsh((Jr + Jr.T) / 2).max()
@@ -455,6 +501,24 @@ def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan
     bad[7, 3] = bad[3, 7] = float("nan")
     ok, _ = rounding.cholesky_certifies(bad[None], mus[:1])
     assert ok.tolist() == [False]
+    # +inf and -inf off the diagonal (their sum is NaN, not a finite number), and one inf alone, are refused too
+    for vals in ((math.inf, -math.inf), (math.inf, 0.0), (-math.inf, 0.0)):
+        bad = S.clone()
+        bad[7, 3], bad[100, 5] = vals
+        bad[3, 7], bad[5, 100] = vals
+        assert rounding.cholesky_certifies(bad[None], mus[:1])[0].tolist() == [False]
+    # overwrite=True: the same answers, and S itself is the factorised matrix (its lower triangle changed)
+    SS = torch.stack([S, S])
+    ok, _ = rounding.cholesky_certifies(SS, mus, overwrite=True)
+    assert ok.tolist() == [True, False] and not torch.equal(SS[0], S)
+    # the top eigenpair through LAPACK's syevx: lambda_max = 1 and Q's last column (up to sign)
+    w, v = rounding.top_eigenpairs(torch.stack([S, 2 * S]))
+    tol = 1e-12 if dt == torch.float64 else 1e-5
+    assert torch.allclose(w.double(), torch.tensor([1.0, 2.0], dtype=torch.float64), rtol=0, atol=10 * tol)
+    for k in range(2):
+        assert abs(abs(float(v[k].double() @ Q[:, -1])) - 1) < 1e3 * tol
+    w, v = rounding.top_eigenpairs(bad[None])  # no eigensolver on non-finite entries: a NaN guess
+    assert math.isnan(float(w[0]))
 
 
 def test_cholesky_check_beyond_lapack_max_order_stays_with_torch(monkeypatch):

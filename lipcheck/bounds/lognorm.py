@@ -28,7 +28,8 @@ from torch import nn
 
 from ..mixers.ssog import truncation_tol
 from ..rounding import cholesky_certifies as _cholesky_certifies  # noqa: F401
-from ..rounding import gamma, norm2_upper, unit_roundoff, verified_lambda_max  # noqa: F401
+from ..rounding import gamma, norm2_upper, tiny_subnormal, top_eigenpairs  # noqa: F401
+from ..rounding import unit_roundoff, verified_lambda_max  # noqa: F401
 
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
 GELU2_SUP = math.sqrt(2 / math.pi)  # sup |GELU''| = |phi(0) (2 - 0)| (proofs/s5_check.py checks it)
@@ -227,13 +228,32 @@ class DenseLogNorm:
     def __init__(self, block, H: int, W: int, *, dtype=torch.float64, device=None):
         from .spectral import dense_operator, ssog_params
         p = ssog_params(block.mixer, dtype=dtype, device=device)
-        self.block, self.T = block, dense_operator(p, H, W)
-        self.T_abs_norm = float(norm2_upper(self.T.abs()))  # verified by Cholesky
+        T = dense_operator(p, H, W)
+        n, C = T.shape[0], block.mixer.dim
+        self.block = block
+        self.T_cols = T.reshape(n, n // C, C).permute(1, 0, 2).contiguous()  # (N, n, C): T's columns, token by token
+        self.T_abs_norm = float(norm2_upper(T.abs()))  # verified by Cholesky
         self.mlp_abs = _mlp_abs_product(block, dict(dtype=dtype, device=device))  # || |W2| || sup|GELU'| || |W1| ||
         self.vec = None  # top eigenvectors (B, n) at the states of the last call: Rayleigh quotients guess the next
         self.states = None
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0
+
+    @property
+    def T(self) -> torch.Tensor:
+        """The mixer's dense n x n operator."""
+        N, n, C = self.T_cols.shape
+        return self.T_cols.permute(1, 0, 2).reshape(n, n)
+
+    def _forming_error(self, y: torch.Tensor, D1: torch.Tensor) -> torch.Tensor:
+        """Per sample a bound on ||fl(J) - J||_F for J = T D1 + D2 formed in y's dtype."""
+        B, C = y.shape[0], y.shape[-1]
+        # T D1: products of length C plus the kernel's own evaluation (exp, normaliser): gamma_{C + 64} |T| |D1| in
+        # Frobenius norm, ||(|T| |D1|)||_F <= || |T| ||_2 ||blockdiag |D1| ||_F
+        err = gamma(C + 64, unit_roundoff(y.dtype)) * self.T_abs_norm * D1.flatten(1).norm(dim=-1) * 4
+        if self.block.mlp is not None:  # D2 = W2 diag(GELU') W1 J2: sums of length hidden, then C (Lemma 3)
+            err = err + _mlp_forming_error(self.block, self.mlp_abs, y.reshape(B, -1, C)).flatten(1).norm(dim=-1)
+        return err
 
     def jacobian(self, y: torch.Tensor):
         """(J (B, n, n), rounding bound on ||fl(J) - J||_2 per sample) at states y (B, H, W, C)."""
@@ -241,18 +261,49 @@ class DenseLogNorm:
         D1, _, D2 = token_jacobians(self.block, y, full=True)  # (B, N, C, C)
         N = D1.shape[1]
         n = N * C
-        T = self.T.reshape(n, N, C)
-        J = torch.einsum("anc,bncd->band", T, D1).reshape(B, n, n)
+        J = torch.einsum("anc,bncd->band", self.T_cols.permute(1, 0, 2), D1).reshape(B, n, n)
         if D2 is not None:
             idx = torch.arange(N, device=y.device)
             J.view(B, N, C, N, C)[:, idx, :, idx, :] += D2.transpose(0, 1)
+        return J, self._forming_error(y, D1)
+
+    def _space(self, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+        """A work array of `shape` kept between calls: a fresh n x n buffer per call costs its page faults, about
+        as much as filling it (2 ms at n = 768)."""
+        numel = math.prod(shape)
+        buffers = self.__dict__.setdefault("_buffers", {})
+        buf = buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel].view(shape)
+
+    def symmetric(self, y: torch.Tensor, *, reuse: bool = False):
+        """(S (B, n, n), err): S = fl(sym(J)) formed without J itself (one product and one transposed sum, no
+        other n x n pass) and err >= ||S - sym(J_exact)||_2 per sample: J's forming error plus the sum's.
+        The sum: S = fl(P/2 + (P/2)^T) with P/2 = fl(T (D1 / 2)) (halving is exact), then fl(sym(D2)) added on the
+        diagonal blocks; three roundings of at most u each entrywise, so ||S - sym(fl(J))||_F <= 3u (||P||_F +
+        ||D2||_F) with ||P||_F <= || |T| || ||D1||_F + J's forming error, plus (C + 8) eta per entry for
+        underflow (proofs/S5.md, Lemma 3). reuse: S lives in a work array that the next call overwrites."""
+        B, C = y.shape[0], y.shape[-1]
+        D1, _, D2 = token_jacobians(self.block, y, full=True)  # (B, N, C, C)
+        N = D1.shape[1]
+        n = N * C
+        # G[i] = T's token-i columns times D1_{b,i} / 2, every b at once: (i, token, channel, b, c)
+        G = self._space("G", (N, n, B * C), y)
+        torch.bmm(self.T_cols, (D1 * 0.5).permute(1, 2, 0, 3).reshape(N, C, B * C), out=G)
+        G = G.view(N, N, C, B, C)
+        S = self._space("S", (B, N, C, N, C), y) if reuse else y.new_empty(B, N, C, N, C)
+        # S[b, i', c', i, c] = J[(i', c'), (i, c)] / 2 + J[(i, c), (i', c')] / 2
+        torch.add(G.permute(3, 1, 2, 0, 4), G.permute(3, 0, 4, 1, 2), out=S)
+        err = self._forming_error(y, D1)
         u = unit_roundoff(y.dtype)
-        # T D1: products of length C plus the kernel's own evaluation (exp, normaliser): gamma_{C + 64} |T| |D1| in
-        # Frobenius norm, ||(|T| |D1|)||_F <= || |T| ||_2 ||blockdiag |D1| ||_F
-        err = gamma(C + 64, u) * self.T_abs_norm * D1.flatten(1).norm(dim=-1) * 4
-        if D2 is not None:  # D2 = W2 diag(GELU') W1 J2: sums of length hidden, then C (Lemma 3)
-            err = err + _mlp_forming_error(self.block, self.mlp_abs, y.reshape(B, N, C)).flatten(1).norm(dim=-1)
-        return J, err
+        size = self.T_abs_norm * D1.flatten(1).norm(dim=-1) + err
+        if D2 is not None:
+            idx = torch.arange(N, device=y.device)
+            S[:, idx, :, idx, :] += ((D2 + D2.transpose(-1, -2)) * 0.5).transpose(0, 1)
+            size = size + D2.flatten(1).norm(dim=-1)
+        err = err + 3 * u * size * (1 + gamma(n * n + 4, u)) + n * (C + 8) * tiny_subnormal(y.dtype)
+        return S.view(B, n, n), err
 
     def _guesses(self, y: torch.Tensor) -> torch.Tensor | None:
         """For each state of y, the cached eigenvector of the nearest state certified before (batches of points of
@@ -263,29 +314,37 @@ class DenseLogNorm:
         return self.vec[idx]
 
     def __call__(self, y: torch.Tensor, eps_J: float) -> torch.Tensor:
-        J, err = self.jacobian(y)
-        S = (J + J.transpose(-1, -2)) / 2
+        S, err = self.symmetric(y, reuse=True)
         m = S.shape[0]
+        u = unit_roundoff(S.dtype)
         guess = self._guesses(y)
+        out = torch.full((m,), math.inf, dtype=S.dtype, device=S.device)
+        ok = torch.zeros(m, dtype=torch.bool, device=S.device)
+        vec = None
         if guess is not None:
             q = torch.einsum("bi,bij,bj->b", guess, S, guess)  # <= lambda_max: the certificate is tight
-            ok, val = _cholesky_certifies(S, q + self.pad * (1 + q.abs()), unit_roundoff(S.dtype))
-            out = torch.where(ok, val, torch.full_like(val, math.inf))
+            ok, val = _cholesky_certifies(S, q + self.pad * (1 + q.abs()), u, overwrite=True)  # S is used up
+            out = torch.where(ok, val, out)
             vec = guess.clone()
-        else:
-            ok = torch.zeros(m, dtype=torch.bool, device=S.device)
-            out, vec = torch.full((m,), math.inf, dtype=S.dtype, device=S.device), None
         todo = ~ok
         if bool(todo.any()):  # an eigensolver only where the guess's Cholesky certificate failed
-            w, V = torch.linalg.eigh(S[todo])
-            out[todo] = verified_lambda_max(S[todo], lam=w[..., -1])
+            # formed again (into the same work array): the certificate factorised S
+            St = S if guess is None else self.symmetric(y[todo], reuse=True)[0]
+            w, v = top_eigenpairs(St)
+            out[todo] = verified_lambda_max(St, lam=w)
             if vec is None:
-                vec = V[..., -1]
+                vec = v
             else:
-                vec[todo] = V[..., -1]
+                vec[todo] = v
             self.eigensolves += 1
         self.vec, self.states = vec, y.reshape(m, -1).clone()
-        return out + err + unit_roundoff(y.dtype) * torch.linalg.matrix_norm(J)
+        return out + err
+
+
+def symmetric_part(J: torch.Tensor, err: torch.Tensor):
+    """(fl((J + J^T) / 2), err + u ||J||_F): the symmetric part of formed Jacobians J (B, n, n) whose forming error
+    is err; the sum and the halving add at most u |J_ij + J_ji| / 2 per entry."""
+    return (J + J.transpose(-1, -2)) / 2, err + unit_roundoff(J.dtype) * torch.linalg.matrix_norm(J)
 
 
 def dense_lognorm(block, y: torch.Tensor, eps_J: float) -> torch.Tensor:

@@ -100,6 +100,9 @@ class _DenseLogNorm(ln.DenseLogNorm):
     def jacobian(self, y: torch.Tensor):
         return self.field.jacobian(y)
 
+    def symmetric(self, y: torch.Tensor, *, reuse: bool = False):
+        return ln.symmetric_part(*self.field.jacobian(y))
+
 
 def make_field(block, H: int, W: int, **kw):
     """The enclosure's field object for this block: `SSoGField` (SSoG mixer) or `AttentionField` (dense
