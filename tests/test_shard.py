@@ -140,3 +140,11 @@ def test_all_test_images_is_the_whole_split_and_not_with_images(run_dir, capsys)
             cli.main(["wellposed", *flag])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and "give --checkpoint RUN" in err and f"drop {flag[0]}" in err
+
+
+def test_the_default_batch_is_one_image_on_a_cpu():
+    """Without --batch a CPU proves one image per enclose call (a batch shares its steps, refinement and log-norm
+    grid, each the worst of its images: twice the time per image on the digits model), a GPU 8."""
+    from lipcheck.commands import trained
+    assert trained.default_batch("cpu") == 1 and trained.default_batch(torch.device("cpu")) == 1
+    assert trained.default_batch("cuda") == 8 and trained.default_batch("meta") == 1

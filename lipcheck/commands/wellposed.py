@@ -151,8 +151,8 @@ def add_arguments(p) -> None:
                         "torchrun the batches are shared out over the processes and rank 0 writes one report, "
                         "wellposed_all.md")
     p.add_argument("--batch", type=positive_int, default=None,
-                   help="with --checkpoint: images per enclose call (default 8); an image's radius depends on its "
-                        "batch, never on the number of processes")
+                   help="with --checkpoint: images per enclose call (default 1 on a CPU, where a batch costs more per "
+                        "image, 8 on a GPU); an image's radius depends on its batch, never on the number of processes")
     p.add_argument("--runs", type=Path, default=Path("runs/trained"),
                    help="where experiments/trained.py keeps its digits models (the ODE/SSoG one is trained if missing)")
     p.add_argument("--enclosure-only", action="store_true",
