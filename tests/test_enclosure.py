@@ -2113,3 +2113,26 @@ def test_bernstein_sup_margin_follows_the_coefficients_dtype():
         b32, b64 = _bern_sup(c32, 0.5, d).double(), _bern_sup(c64, 0.5, d)
         sampled = _poly(c64, s, 0.5, d).flatten(2).norm(dim=-1).amax(0)
         assert bool((b64 >= sampled).all()) and bool((b32 >= b64 * (1 + 5e-7)).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=st.floats(0.0, 5e4))
+def test_sub_interval_counts_are_the_next_of_their_family(x):
+    """A step's sub-interval count is the smallest m >= max(x, 8) of the form q 2^a (q = 4..7, a >= 1): brute force
+    over that family here; consecutive members are at most 25 % apart."""
+    from lipcheck.wellposed.defect import sub_interval_count
+    family = sorted(q << a for a in range(1, 16) for q in (4, 5, 6, 7))
+    m = sub_interval_count(x)
+    assert m == min(f for f in family if f >= x) and m >= 8
+    assert all(b <= 1.25 * a for a, b in zip(family, family[1:]))
+
+
+@pytest.mark.parametrize("m, need, want", [(448, 100, 112), (448, 1, 1), (448, 500, 448), (512, 100, 128),
+                                           (320, 3, 4), (320, 33, 40), (8, 3, 4), (56, 9, 14)])
+def test_lognorm_grid_takes_the_smallest_divisor_at_or_above_the_count(m, need, want):
+    """P log-norm intervals: the smallest divisor of m at or above ceil(M2 speed h / (2 mu_slack)) (here M2 speed h
+    / (2 mu_slack) = need exactly), so that every interval spans m / P whole sub-intervals and ends on m."""
+    from lipcheck.wellposed.direct import lognorm_grid
+    idx = lognorm_grid(dict(m=m, M2=2.0 * need), dict(speed=torch.tensor([0.5]), h=1.0), 0.5)
+    assert len(idx) - 1 == want and idx[0] == 0 and idx[-1] == m
+    assert len({b - a for a, b in zip(idx, idx[1:])}) == 1

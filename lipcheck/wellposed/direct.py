@@ -20,14 +20,15 @@ ROWS = ("radius", "tube", "mu", "defect", "sampled", "mu_point")
 
 
 def lognorm_grid(smp: dict, inf: dict, mu_slack: float) -> list:
-    """Indices of the fine nodes where point log-norms are taken: P intervals (a power of two dividing m), enough
-    that the curvature term M2 * drift grows by about mu_slack on each."""
+    """Indices of the fine nodes where point log-norms are taken: P intervals, enough that the curvature term
+    M2 * drift grows by about mu_slack on each: the smallest divisor of the m sub-intervals at or above that count
+    (the next power of two when m is one; the counts of `defect.sub_interval_count` have divisors 2^a >= m / 7)."""
     m = smp["m"]
     if math.isfinite(smp["M2"]):
         P = max(1, math.ceil(smp["M2"] * float(inf["speed"].max()) * inf["h"] / (2 * mu_slack)))
     else:
         P = m
-    P = min(m, 2 ** math.ceil(math.log2(P)))
+    P = next(d for d in range(min(m, P), m + 1) if m % d == 0)
     return list(range(0, m + 1, m // P))
 
 
