@@ -283,6 +283,9 @@ def test_dense_lognorm_at_lapack_order_against_autograd():
     r0, r1 = ref(z[0]), ref(z[1])
     assert r0 <= float(second[0]) <= r0 + 2.1e-3 * (1 + abs(r0))  # the guess's certificate: within the pad
     assert r1 <= float(second[1]) <= r1 + 1e-9 * (1 + abs(r1))  # the eigensolver's: tight
+    # the far state's new eigenvector is cached: the same states again need no eigensolver, and stay bounds
+    third = dense(z, 0.0)
+    assert dense.eigensolves == 2 and float(third[1]) >= r1 and float(third[0]) >= r0
 
 
 def test_dense_lognorm_guesses_from_the_nearest_state_of_any_earlier_batch():
