@@ -72,9 +72,9 @@ def cholesky_certifies(S: torch.Tensor, mu: torch.Tensor, u: float | None = None
     A = S.neg_() if overwrite else -S
     A.diagonal(dim1=-2, dim2=-1).copy_(dA - c[..., None])
     # NaN/inf anywhere refuses: an optimised potrf need not test its pivots for NaN (a NaN off the diagonal of an
-    # order-300 matrix passed LAPACK's check as called through scipy). The sum of all entries is NaN or inf
-    # whenever one is (and may overflow where none is: refused too), one read instead of a boolean copy.
-    finite = torch.isfinite(A.sum((-2, -1))) & torch.isfinite(c)
+    # order-300 matrix passed LAPACK's check as called through scipy). amax and amin propagate NaN and reach +-inf:
+    # two reads instead of a boolean copy of A
+    finite = torch.isfinite(A.amax((-2, -1))) & torch.isfinite(A.amin((-2, -1))) & torch.isfinite(c)
     return _cholesky_completes(A) & finite, mu * (1 + 2 * u)
 
 

@@ -504,7 +504,7 @@ def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan
     bad[7, 3] = bad[3, 7] = float("nan")
     ok, _ = rounding.cholesky_certifies(bad[None], mus[:1])
     assert ok.tolist() == [False]
-    # +inf and -inf off the diagonal (their sum is NaN, not a finite number), and one inf alone, are refused too
+    # +inf and -inf off the diagonal, and one inf alone, are refused too
     for vals in ((math.inf, -math.inf), (math.inf, 0.0), (-math.inf, 0.0)):
         bad = S.clone()
         bad[7, 3], bad[100, 5] = vals
@@ -514,6 +514,10 @@ def test_cholesky_check_through_lapack_matches_known_eigenvalues_and_refuses_nan
     SS = torch.stack([S, S])
     ok, _ = rounding.cholesky_certifies(SS, mus, overwrite=True)
     assert ok.tolist() == [True, False] and not torch.equal(SS[0], S)
+    # the same matrix scaled by 2^1000 (2^100 in float32), exactly: certified as before
+    big = 2.0 ** 1000 if dt == torch.float64 else 2.0 ** 100
+    ok, _ = rounding.cholesky_certifies((S * big)[None], mus[:1] * big)
+    assert ok.tolist() == [True]
     # the top eigenpair through LAPACK's syevx: lambda_max = 1 and Q's last column (up to sign)
     w, v = rounding.top_eigenpairs(torch.stack([S, 2 * S]))
     tol = 1e-12 if dt == torch.float64 else 1e-5
