@@ -36,3 +36,20 @@ def test_the_enclosure_section_states_the_budget_and_the_verdict_counts_both_mix
     assert v["status"] == "holds" and "SSoG ODE model: 1/1 images" in v["number"]
     assert v["number"].endswith("attention ODE model: 0/1.")
     assert trained.SETTINGS["full"]["enclosure_seconds"] >= trained.SETTINGS["quick"]["enclosure_seconds"] > 0
+
+
+def test_many_enclose_calls_give_the_constants_as_quantiles():
+    """Up to 16 enclose calls (distinct variance floors) the constants table has a line each; beyond, per mixer the
+    min, median and max of every column over them (the floors 0.01 .. 0.20 of 20 calls: median 0.105)."""
+    rows = []
+    for k in range(20):
+        r = _row("ssog", True, 0.0, 100.0 + k, 3.0 + k / 10)
+        r["field"] = dict(r["field"], variance_floor=0.01 * (k + 1))
+        rows.append(r)
+    few = tr.field_constants_table(rows[:16]).splitlines()
+    assert len(few) == 18 and few[2].startswith("| ssog | 7 |")
+    many = tr.field_constants_table(rows).splitlines()
+    assert len(many) == 5
+    assert many[2].startswith("| ssog (min of 20) | 7 | 1.7 | 0 | 0.01 | 30 | 100 | 3 |")
+    assert many[3].startswith("| ssog (median of 20) | 7 | 1.7 | 0 | 0.105 | 30 | 109.5 | 3.95 |")
+    assert many[4].startswith("| ssog (max of 20) | 7 | 1.7 | 0 | 0.2 | 30 | 119 | 4.9 |")

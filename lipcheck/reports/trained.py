@@ -86,9 +86,14 @@ def enclosure_table(rows: list[dict]) -> str:
                              r["reason"] or ""] for r in rows])
 
 
+PER_IMAGE_ROWS = 16  # up to this many images (constants lines) the report lists each; beyond, quantiles
+CONSTANT_KEYS = ("token_radius", "mixer_lipschitz", "mixer_curvature", "variance_floor", "lipschitz", "curvature")
+
+
 def field_constants_table(rows: list[dict]) -> str:
-    """One line per distinct variance floor (one per enclose call): the constants each image's proof used."""
-    seen, body = set(), []
+    """One line per distinct variance floor (one per enclose call): the constants each image's proof used; beyond
+    PER_IMAGE_ROWS such lines, per mixer the min, median and max of each column over them."""
+    seen, lines = set(), []
     for r in rows:
         f = r.get("field")
         if not f or f["variance_floor"] in seen:
@@ -96,17 +101,22 @@ def field_constants_table(rows: list[dict]) -> str:
         seen.add(f["variance_floor"])
         mus = [x["field"]["mu_max"] for x in rows
                if x.get("field") and x["field"]["variance_floor"] == f["variance_floor"]]
-        body.append([f["mixer"]] + [f"{f[k]:.4g}" for k in ("token_radius", "mixer_lipschitz", "mixer_curvature",
-                                                            "variance_floor", "lipschitz", "curvature")]
-                    + [f"{max(mus):.4g}"])
-    if not body:
+        lines.append((f["mixer"], [f[k] for k in CONSTANT_KEYS] + [max(mus)]))
+    if not lines:
         return ""
-    return report.md_table(["mixer", "token radius R", "mixer Lipschitz (on D_R)", "mixer curvature K2",
-                            "variance floor v", "field Lipschitz L(v)", "field curvature M2(v)",
-                            "largest tube log-norm"], body)
+    head = ["mixer", "token radius R", "mixer Lipschitz (on D_R)", "mixer curvature K2", "variance floor v",
+            "field Lipschitz L(v)", "field curvature M2(v)", "largest tube log-norm"]
+    if len(lines) <= PER_IMAGE_ROWS:
+        return report.md_table(head, [[m] + [f"{v:.4g}" for v in vals] for m, vals in lines])
+    body = []
+    for mixer in dict.fromkeys(m for m, _ in lines):
+        cols = list(zip(*(vals for m, vals in lines if m == mixer)))
+        n = len(cols[0])
+        for name, pick in (("min", min), ("median", statistics.median), ("max", max)):
+            body.append([f"{mixer} ({name} of {n})"] + [f"{pick(c):.4g}" for c in cols])
+    return report.md_table(head, body)
 
 
-PER_IMAGE_ROWS = 16  # up to this many images the report lists each; beyond, the quantiles and the unproven ones
 
 
 def enclosure_summary(rows: list[dict], run: dict, *, t1: float, noun: str = "images") -> list[str]:
@@ -133,7 +143,8 @@ def enclosure_summary(rows: list[dict], run: dict, *, t1: float, noun: str = "im
         md += ["The field's constants (proofs/S5.md, Lemma 2 and \"The attention field\"): the mixer's Lipschitz bound "
                "on the LN1 image (||T|| for SSoG) and its own curvature (0 for SSoG's linear mixer), the field's "
                "Lipschitz and curvature constants at the token-variance floor the batch's tubes kept, and the largest "
-               "log-norm over the tube:", "", consts, ""]
+               "log-norm over the tube (one line per enclose call; beyond 16 calls their min, median and max):", "", consts,
+               ""]
     shown = rows if len(rows) <= PER_IMAGE_ROWS else [r for r in rows if not r["proven"]]
     if shown:
         md += ["Per image:" if shown is rows else "The images not proven, and why:", "", enclosure_table(shown)]
