@@ -2141,7 +2141,7 @@ def test_lognorm_grid_takes_the_smallest_divisor_at_or_above_the_count(m, need, 
 def test_refined_step_refines_until_the_remainder_meets_its_target():
     """x' = A x (no curvature: the remainder tau^2/8 (sup||y^(3)|| + L sup||y''||) falls exactly like 1/m^2): with
     the absolute target at 1/1.5 of the remainder on 8 sub-intervals, the step is refined (not accepted at 1.5x its
-    target) to the first count of the family at or above 1.03 * 8 * sqrt(1.5), and its remainder is then below the
+    target) to the first count of the family at or above 1.001 * 8 * sqrt(1.5), and its remainder is then below the
     target; a target the 8 sub-intervals already meet keeps 8."""
     from lipcheck.wellposed.defect import refined_step, step_bounds, sub_interval_count
     from lipcheck.wellposed.options import DirectOptions
@@ -2153,6 +2153,6 @@ def test_refined_step_refines_until_the_remainder_meets_its_target():
     rem8 = float(refined_step(f, coefs[0], info[0], DirectOptions(defect_ratio=1e-30, max_per_step=8))
                  ["remainder"].max())
     smp = refined_step(f, coefs[0], info[0], DirectOptions(defect_ratio=1e-30, defect_abs=rem8 / 1.5))
-    assert smp["m"] == sub_interval_count(1.03 * 8 * math.sqrt(1.5)) == 12
+    assert smp["m"] == sub_interval_count(1.001 * 8 * math.sqrt(1.5)) == 10
     assert float(smp["remainder"].max()) <= rem8 / 1.5
     assert refined_step(f, coefs[0], info[0], DirectOptions(defect_ratio=1e-30, defect_abs=rem8 * 1.01))["m"] == 8

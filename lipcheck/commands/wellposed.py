@@ -11,6 +11,7 @@ input scales 1, 4, 16, 64. Writes docs/divergence.md, docs/figures/divergence_*.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -140,8 +141,9 @@ def add_arguments(p) -> None:
                    help="block Linear weights ~ N(0, gain^2/fan_in) (default 1)")
     p.add_argument("--cert-gain", type=float, default=0.5,
                    help="gain of the gentler field on which the certificate is also shown (default 0.5)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="CPU threads for torch and BLAS (default 1: the tensors are small and threads only contend)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for torch and BLAS (default: 1 for the tiny preset and --checkpoint, whose tensors "
+                        "are small enough that threads only contend; every core for the full-size presets ti, s, b)")
     add_output_arguments(p)
     p.add_argument("--max-seconds", type=float, default=None,
                    help="a time budget for each enclosure (--enclosure-only; with --checkpoint each batch's); when "
@@ -169,6 +171,9 @@ def main(argv=None) -> int:
 def run(args, p) -> int:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
+    if args.threads is None:  # ti at 224x224: 454 s on one thread, 212 s on two (an idle 2-core CPU)
+        full_size = args.preset != "tiny" and not args.checkpoint
+        args.threads = len(os.sched_getaffinity(0)) if full_size else 1
     if args.checkpoint:
         not_with_checkpoint(args, p, {"preset": "tiny", "gain": 1.0, "cert_gain": 0.5, "runs": Path("runs/trained")})
         if args.all_test_images and args.images is not None:
