@@ -171,7 +171,7 @@ def main(argv=None) -> int:
 def run(args, p) -> int:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
-    if args.threads is None:  # ti at 224x224: 454 s on one thread, 212 s on two (an idle 2-core CPU)
+    if args.threads is None:  # ti at 224x224: 454 s on one thread, 289 s on two (2-core CPU)
         full_size = args.preset != "tiny" and not args.checkpoint
         args.threads = len(os.sched_getaffinity(0)) if full_size else 1
     if args.checkpoint:
