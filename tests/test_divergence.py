@@ -162,3 +162,14 @@ def test_a_solve_outside_the_radius_fails_the_verdict():
         assert v["status"] == "fails", v
     v = mod.verdict({"enclosure": [{**enc, "ratio_t1": [1.2], "contained": True}]}, enclosure_only=True)
     assert v["status"] == "holds" and "1.2-1.2" in v["number"]
+
+
+def test_thread_default_is_every_core_for_the_full_size_presets():
+    """Without --threads the full-size presets run on every core the process may use, the tiny preset and a
+    checkpoint on one (their tensors are too small for threads to pay)."""
+    import os
+
+    from lipcheck.commands.wellposed import default_threads
+    cores = len(os.sched_getaffinity(0))
+    assert [default_threads(p, None) for p in ("tiny", "ti", "s", "b")] == [1, cores, cores, cores]
+    assert default_threads("tiny", "runs/x") == 1 and default_threads("ti", "runs/x") == 1

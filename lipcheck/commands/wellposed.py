@@ -168,12 +168,18 @@ def main(argv=None) -> int:
     return run(args, p)
 
 
+def default_threads(preset: str, checkpoint) -> int:
+    """--threads when not given: every core this process may use for the full-size presets (ti at 224x224: 454 s on
+    one thread, 289 s on two of a 2-core CPU); 1 for the tiny preset and --checkpoint (small tensors: threads
+    only contend)."""
+    return len(os.sched_getaffinity(0)) if preset != "tiny" and not checkpoint else 1
+
+
 def run(args, p) -> int:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
-    if args.threads is None:  # ti at 224x224: 454 s on one thread, 289 s on two (2-core CPU)
-        full_size = args.preset != "tiny" and not args.checkpoint
-        args.threads = len(os.sched_getaffinity(0)) if full_size else 1
+    if args.threads is None:
+        args.threads = default_threads(args.preset, args.checkpoint)
     if args.checkpoint:
         not_with_checkpoint(args, p, {"preset": "tiny", "gain": 1.0, "cert_gain": 0.5, "runs": Path("runs/trained")})
         if args.all_test_images and args.images is not None:
