@@ -238,6 +238,7 @@ class DenseLogNorm:
         self.states = None
         self.pad = 2e-3  # relative pad above the Rayleigh quotient at which the Cholesky certificate is tried
         self.eigensolves = 0
+        self._buffers = {}  # `_space`'s work arrays
 
     @property
     def T(self) -> torch.Tensor:
@@ -271,10 +272,9 @@ class DenseLogNorm:
         """A work array of `shape` kept between calls: a fresh n x n buffer per call costs its page faults, about
         as much as filling it (2 ms at n = 768)."""
         numel = math.prod(shape)
-        buffers = self.__dict__.setdefault("_buffers", {})
-        buf = buffers.get(name)
+        buf = self._buffers.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
-            buf = buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+            buf = self._buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buf[:numel].view(shape)
 
     def symmetric(self, y: torch.Tensor, *, reuse: bool = False):
