@@ -332,7 +332,7 @@ def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, kee
         finite = torch.isfinite(enc.radius[:, b])
         last = int(finite.nonzero().max()) if bool(finite.any()) else -1
         row = {"image": i, "proven": bool(enc.proven[b]), "refused": False, "reason": enc.reason[b],
-               "t_proven": float(enc.t[last]) if last >= 0 else 0.0, "radius_t1": float(enc.radius[-1, b]),
+               "t_proven": float(enc.t[last]) if last >= 0 else 0.0, "radius_t1": float(enc.point_radius_t1()[b]),
                "radius_proven": float(enc.radius[last, b]) if last >= 0 else math.inf, "seconds": seconds,
                "batch": len(idx), "constants_s": constants_s, "actual_t1": actual[b],
                "reference_error": float(ref.abs_error[:, b].max()),

@@ -115,6 +115,11 @@ def test_linear_enclosure_contains_expm_and_is_tight():
     # tight: at t1 within a factor 50 of the actual error of this solve (the stated factor)
     ratio = enc.radius[-1].numpy() / err[-1]
     assert (ratio < 50).all(), ratio
+    # the point bound at t1 holds expm too, and sits no higher than the last interval's sup
+    assert (err[-1] <= enc.radius_t1.numpy()).all() and (enc.radius_t1 <= enc.radius[-1]).all()
+    direct = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-6, ref_tol=None)
+    err_d = np.linalg.norm(exact[-1] - direct.center[-1].reshape(2, -1).numpy(), axis=-1)
+    assert (err_d <= direct.radius_t1.numpy()).all() and (direct.radius_t1 <= direct.radius[-1]).all()
 
 
 def test_linear_lognorm_envelope_is_the_known_bound():
@@ -521,7 +526,8 @@ def test_ssog_vit_enclosure_contains_a_tight_solution(method, lognorm):
     assert float(err[-1].max()) > 0 and float((err[1:] / enc.radius[1:]).max()) > 1e-6  # not vacuous
     s = enc.summary()
     assert s["samples"] == 2 and s["proven"] == [True, True] and s["method"] == method
-    assert s["radius"] == enc.radius.T.tolist() and s["radius_t1"] == enc.radius[-1].tolist()
+    assert s["radius"] == enc.radius.T.tolist() and s["radius_t1"] == enc.radius_t1.tolist()
+    assert s["radius_last_interval"] == enc.radius[-1].tolist() and (enc.radius_t1 <= enc.radius[-1]).all()
     assert s["t"] == enc.t.tolist() and s["mu_point"] == enc.mu_point.T.tolist()
     assert s["tube_max"] == enc.tube.amax(0).tolist() and s["mu_max"] == enc.mu.amax(0).tolist()
     assert s["defect_max"] == enc.defect.amax(0).tolist()
@@ -673,7 +679,7 @@ def test_bernstein_distance_bounds_the_sup_between_nodes():
     rcoefs = [torch.randn(5, 2, 1, 1, 3, generator=g, dtype=D) for _ in rsteps]
     rcoefs[1][0] = rcoefs[0].sum(0)
     spans = [(0, 0, 4, 8), (0, 4, 8, 8), (1, 0, 8, 8)]
-    dist, centers = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
+    dist, centers, end = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
 
     def ev(st, cf, t):
         k = min(np.searchsorted([b for _, b in st], t, side="right"), len(st) - 1)
@@ -688,6 +694,10 @@ def test_bernstein_distance_bounds_the_sup_between_nodes():
         assert (worst <= dist[p].numpy()).all()
         assert (dist[p].numpy() <= worst * 1.02 + 1e-12).all()  # and tight (halving until within 1 %)
     assert np.allclose(centers[-1].reshape(2, 3).numpy(), ev(steps, coefs, 1.0))
+    # the point bound at t1: above the value there, within rounding of it, and below the last interval's sup
+    at_t1 = np.linalg.norm(ev(steps, coefs, 1.0) - ev(rsteps, rcoefs, 1.0), axis=-1)
+    assert (at_t1 <= end.numpy()).all() and (end.numpy() <= at_t1 * (1 + 1e-12) + 1e-13).all()
+    assert (end <= dist[-1]).all() and (end < dist[-1]).any()
 
 
 def test_field_constants_refuse_an_unknown_layernorm():
@@ -763,7 +773,7 @@ def test_distance_covers_both_neighbouring_quartics_at_a_jump():
     rcoefs = [coefs[0].clone(), torch.zeros(5, 2, 1, 1, 3, dtype=D)]
     rcoefs[1][0] = coefs[1][0]  # y_ref constant on [0.3, 1], equal to y's right neighbour at 0.3
     spans = [(0, 0, 8, 8), (1, 0, 2, 8), (1, 2, 8, 8)]
-    dist, _ = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
+    dist, _, _ = E._distance(steps, coefs, dict(steps=rsteps, coefs=rcoefs, spans=spans), D)
 
     def quartic(cf, a, b, t):
         s = (t - a) / (b - a)
@@ -860,7 +870,7 @@ def test_distance_margin_is_the_proofs_rounding_allowance(case, a, window):
         r[4] = torch.randn(2, 1, 1, 3, generator=g, dtype=D)
         c[0] *= 1e-3
     steps = [(a, a + 1.0)]
-    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
+    dist, _, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
     q = lambda x: mpmath.mpf(x.numerator) / x.denominator  # noqa: E731
     nrm = lambda v: mpmath.sqrt(sum(x * x for x in v))  # noqa: E731
     for b in range(2):
@@ -891,7 +901,7 @@ def test_distance_halves_pieces_where_bernstein_overestimates():
     c = torch.stack([v * e for v in cheb]).reshape(5, 1, 1, 1, 3)
     r = torch.zeros_like(c)
     steps = [(0.0, 1.0)]
-    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
+    dist, _, _ = E._distance(steps, [c], dict(steps=steps, coefs=[r], spans=[(0, 0, 8, 8)]), D)
     s = np.linspace(0, 1, 20001)
     sup = np.abs(np.polynomial.chebyshev.chebval(2 * s - 1, [0, 0, 0, 0, 1])).max()
     assert sup <= float(dist[1, 0]) <= 1.02 * sup, float(dist[1, 0])
@@ -1057,10 +1067,16 @@ def test_summary_reports_distance_and_reference_radius_at_t1():
     A, x0 = _linear_case()
     enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7)
     s = enc.summary()
-    assert s["distance_t1"] == enc.distance[-1].tolist() and s["distance_max"] == enc.distance.amax(0).tolist()
-    assert s["r_ref_t1"] == enc.reference.radius[-1].tolist() and s["radius_t1"] == enc.radius[-1].tolist()
+    assert s["distance_max"] == enc.distance.amax(0).tolist()
+    assert s["radius_last_interval"] == enc.radius[-1].tolist() and s["radius_t1"] == enc.radius_t1.tolist()
+    assert s["r_ref_t1"] == enc.reference.radius_t1.tolist()
     want = enc.distance + enc.reference.radius  # rounded to nearest
     assert (enc.radius >= want).all() and (enc.radius <= want * (1 + 8 * U)).all()
+    # at t1 itself: point bounds, each no larger than its interval's sup
+    want_t1 = torch.tensor(s["distance_t1"], dtype=D) + enc.reference.radius_t1
+    assert (enc.radius_t1 >= want_t1).all() and (enc.radius_t1 <= want_t1 * (1 + 8 * U)).all()
+    assert (torch.tensor(s["distance_t1"], dtype=D) <= enc.distance[-1]).all()
+    assert (enc.reference.radius_t1 <= enc.reference.radius[-1]).all()
     assert all(d > 0 for d in s["distance_t1"])
     yr = enc.reference.center[-1].reshape(2, -1).numpy()
     assert (np.linalg.norm(enc.center[-1].reshape(2, -1).numpy() - yr, axis=-1) <= s["distance_t1"]).all()
@@ -1101,7 +1117,7 @@ def test_distance_keeps_a_whole_piece_whose_bound_is_within_one_percent():
     pc = [1.0, 0.02, -0.02, 0.0, 0.0]
     c = torch.stack([v * e for v in pc]).reshape(5, 1, 1, 1, 3)
     steps = [(0.0, 1.0)]
-    dist, _ = E._distance(steps, [c], dict(steps=steps, coefs=[torch.zeros_like(c)], spans=[(0, 0, 8, 8)]), D)
+    dist, _, _ = E._distance(steps, [c], dict(steps=steps, coefs=[torch.zeros_like(c)], spans=[(0, 0, 8, 8)]), D)
     a = [Fr(x) for x in pc]
     bern = max(sum(Fr(math.comb(j, k), math.comb(4, k)) * a[k] for k in range(j + 1)) for j in range(5))
     bmax = float(bern) * float(e.norm())

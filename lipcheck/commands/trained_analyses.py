@@ -35,9 +35,8 @@ def certificate(model, images, *, tol: float, per_step=None) -> dict:
 
 def summarise_certificate(res) -> dict:
     if hasattr(res, "proven"):  # lipcheck.wellposed.enclose: a proven enclosure per sample
-        radius = torch.as_tensor(res.radius)
         return {"kind": "enclosure", "proven": [bool(p) for p in torch.as_tensor(res.proven).tolist()],
-                "radius_t1": radius[-1].tolist(), "reason": res.reason, "t": torch.as_tensor(res.t).tolist()}
+                "radius_t1": res.point_radius_t1().tolist(), "reason": res.reason, "t": torch.as_tensor(res.t).tolist()}
     finite = all(math.isfinite(b) for row in res["bound"] for b in row)
     status = "vacuous" if not finite else ("holds" if res["violations"] == 0 else "violated")
     return {"kind": "a-posteriori", "tol": res["tol"], "nfe": res["nfe"], "L": res["L"], "L_global": res["L_global"],

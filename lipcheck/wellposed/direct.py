@@ -13,7 +13,7 @@ from .defect import jumps_and_start, refined_step, step_bounds
 from .field import point_lognorms
 from .options import DirectOptions, check_inputs
 from .quartic import piecewise_quartic
-from .recurrence import _arb, _bootstrap
+from .recurrence import _arb, _bootstrap, upper
 from .result import Enclosure
 
 ROWS = ("radius", "tube", "mu", "defect", "sampled", "mu_point")
@@ -215,9 +215,11 @@ def _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, 
                  mu_slack=opts.mu_slack, seconds=clock)
     f64 = lambda rows: torch.tensor(rows, **fk)  # noqa: E731
     rows = {name: f64(table.rows[name]) for name in ROWS}
+    # the recurrence's ball at the last sub-interval end, t1: a point bound, below the last interval's sup
+    at_t1 = f64([upper(r) if why is None else math.inf for r, why in zip(state["r"], state["reason"])])
     return Enclosure(proven=torch.tensor([x is None for x in state["reason"]]), t=t,
-                     center=torch.stack(table.center), radius=rows["radius"], reason=state["reason"],
-                     tube=rows["tube"], mu=rows["mu"], mu_point=rows["mu_point"], defect=rows["defect"],
+                     center=torch.stack(table.center), radius=rows["radius"], radius_t1=at_t1,
+                     reason=state["reason"], tube=rows["tube"], mu=rows["mu"], mu_point=rows["mu_point"], defect=rows["defect"],
                      defect_sampled=rows["sampled"], steps=steps, stats=stats,
                      _envelope_data=dict(intervals=table.env, field=field, radius=rows["radius"], C=x0.shape[-1]),
                      _pieces=dict(steps=steps, coefs=coefs, spans=table.spans))

@@ -163,7 +163,7 @@ class _Pair:
 
 def _distance(steps, coefs, ref_pieces, dtype):
     """((K, B) proven sup ||y(s) - y_ref(s)|| on every interval of the reference enclosure, (K, B, H, W, C) y at its
-    times). Each interval is cut at y's step ends; on each piece the difference quartic's Bernstein coefficients
+    times, (B,) proven ||y(t1) - y_ref(t1)|| at t1 itself). Each interval is cut at y's step ends; on each piece the difference quartic's Bernstein coefficients
     (from its values at 5 equispaced nodes, exact matrix M) bound its sup; pieces are halved while that bound
     exceeds the largest node value by more than 1 %. Rounding of the nodes, the evaluations and M is added, and
     each row includes the evaluation error of its centre fl(y(t)). The intervals of one reference step are
@@ -187,4 +187,7 @@ def _distance(steps, coefs, ref_pieces, dtype):
     centers, ks = pair.y_at([0.0] + times)
     ev = [pair.ev * pair.yinfo[k]["abs_sum"] for k in ks]  # the centre is fl(y(t)): its evaluation error
     out = [first + ev[0]] + [r + e for r, e in zip(rows, ev[1:])]
-    return torch.stack(out), centers
+    # at t1 itself (both quartics at the end of their last steps): a degenerate piece, as `first` at t = 0
+    one, ky = torch.ones(1, **pair.fk), len(steps) - 1
+    end = pair.bound(len(pair.rsteps) - 1, one, one, ky, pair.zero[None])[0] + pair.ev * pair.yinfo[ky]["abs_sum"]
+    return torch.stack(out), centers, end

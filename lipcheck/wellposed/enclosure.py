@@ -334,9 +334,13 @@ def _spaced(times, t1) -> list:
 
 def _combine(ref, steps, coefs, sol, dtype, tol, rt, seconds, start) -> Enclosure:
     """Theorem 6: radius = (sup ||y - y_ref|| + r_ref) (1 + 4u) on every interval of y_ref's enclosure."""
-    dist, centers = _distance(steps, coefs, ref._pieces, dtype)
-    rr = ref.radius
-    radius = torch.where(torch.isfinite(rr), (dist + rr) * (1 + 4 * ln.unit_roundoff(torch.float64)), rr)
+    dist, centers, dist_t1 = _distance(steps, coefs, ref._pieces, dtype)
+    rr, grow = ref.radius, 1 + 4 * ln.unit_roundoff(torch.float64)
+    radius = torch.where(torch.isfinite(rr), (dist + rr) * grow, rr)
+    # at t1 itself: ||x - y|| <= ||x - y_ref|| + ||y_ref - y||, both point bounds there
+    rr1 = ref.point_radius_t1()
+    radius_t1 = torch.where(torch.isfinite(rr1) & ref.proven.to(rr1.device), (dist_t1 + rr1) * grow,
+                            torch.full_like(rr1, math.inf))
     reason = [None if r is None else f"reference solve at tol {rt:g}: {r}" for r in ref.reason]
     total = time.perf_counter() - start
     stats = {**ref.stats, "tol": tol, "ref_tol": rt, "nfe_forward": sol["nfe_forward"],
@@ -344,13 +348,15 @@ def _combine(ref, steps, coefs, sol, dtype, tol, rt, seconds, start) -> Enclosur
              "steps": sol["steps"], "step_sizes": [b - a for a, b in steps], "method_kind": "reference",
              "reference": {k: ref.stats[k] for k in ("nfe_forward", "nfe_dense_output", "accepted", "rejected",
                                                       "steps", "fine_points", "lognorm_points")},
-             "distance_max": dist.amax(0).tolist(), "r_ref_t1": ref.radius[-1].tolist(),
+             "distance_max": dist.amax(0).tolist(), "distance_t1": dist_t1.tolist(),
+             "r_ref_t1": rr1.tolist(),
              "seconds": {**seconds, "reference_parts": ref.stats["seconds"],
                          "distance": total - seconds["solve"] - seconds["reference"],
                          "defect": ref.stats["seconds"]["defect"], "lognorm": ref.stats["seconds"]["lognorm"],
                          "total": total}}
     stats["stiffness"] = ref.stats["stiffness"]
-    return Enclosure(proven=ref.proven.clone(), t=ref.t, center=centers, radius=radius, reason=reason,
+    return Enclosure(proven=ref.proven.clone(), t=ref.t, center=centers, radius=radius, radius_t1=radius_t1,
+                     reason=reason,
                      tube=ref.tube, mu=ref.mu, mu_point=ref.mu_point, defect=ref.defect,
                      defect_sampled=ref.defect_sampled, steps=steps, stats=stats, distance=dist, reference=ref,
                      _envelope_data=ref._envelope_data, _pieces=dict(steps=steps, coefs=coefs, spans=None))

@@ -13,6 +13,9 @@ class Enclosure:
 
     - on every interval [t[p-1], t[p]]: ||x(s) - y(s)|| <= radius[p, b] for every s in it (about y, not about the
       float `center[p]`); at t[0] = 0, radius[0, b] >= ||x0 - y(0)||;
+    - at t1 itself: ||x(t1) - center[-1, b]|| <= radius_t1[b] (a point bound, no larger than the last interval's
+      sup radius[-1, b] up to rounding; it is what the reports compare with the actual error at t1); with
+      ref_tol=None it is about y(t1), as radius is;
     - at the returned times, center[p] = fl(y(t[p])): with the reference method (the default) radius[p] includes
       that evaluation's rounding, so ||x(t[p]) - center[p, b]|| <= radius[p, b]; with ref_tol=None add
       gamma_10 sum_k ||c_k|| (~1e-16 relative, Lemma 4) to it;
@@ -35,8 +38,13 @@ class Enclosure:
     stats: dict
     distance: torch.Tensor = None  # (K, B) proven sup ||y - y_ref|| on each interval (reference method), else None
     reference: "Enclosure" = None  # the enclosure of the reference solve y_ref (reference method), else None
+    radius_t1: torch.Tensor = None  # (B,) proven ||x(t1) - center[-1]|| at t1 itself; inf where not proven
     _envelope_data: dict = dataclasses.field(default=None, repr=False)
     _pieces: dict = dataclasses.field(default=None, repr=False)
+
+    def point_radius_t1(self) -> torch.Tensor:
+        """(B,) the proven bound at t1 itself: radius_t1 where the method gave one, else the last interval's radius."""
+        return self.radius[-1] if self.radius_t1 is None else self.radius_t1
 
     def summary(self) -> dict:
         B = len(self.proven)
@@ -44,5 +52,6 @@ class Enclosure:
                 "radius": self.radius.T.tolist(), "tube_max": self.tube.amax(0).tolist(),
                 "mu_max": self.mu.amax(0).tolist(), "mu_point": self.mu_point.T.tolist(),
                 "defect_max": self.defect.amax(0).tolist(), "defect_sampled_max": self.defect_sampled.amax(0).tolist(),
-                "radius_t1": self.radius[-1].tolist(), "samples": B,
-                "distance_t1": None if self.distance is None else self.distance[-1].tolist(), **self.stats}
+                "radius_t1": self.point_radius_t1().tolist(), "radius_last_interval": self.radius[-1].tolist(),
+                "samples": B,
+                **self.stats, "distance_t1": self.stats.get("distance_t1")}
