@@ -675,3 +675,60 @@ def test_sym_covers_its_rounding():
     ex = [[(Fraction(float(X[i, j])) + Fraction(float(X[j, i]))) / 2 for j in range(6)] for i in range(6)]
     diff = _exact_fro_diff(S.val, ex)
     assert 0 < diff <= S.err
+
+
+def _axis_log(n, mu, sigma):
+    """G[i, i'] = g(i - i'; mu, sigma) normalised in log space (at sigma = 1e-3 the plain sum underflows to 0)."""
+    from scipy.special import logsumexp
+    j = np.arange(math.floor(mu) - 80, math.ceil(mu) + 81)
+    lz = logsumexp(-(j - mu) ** 2 / (2 * sigma ** 2))
+    i = np.arange(n)
+    return np.exp(-((i[:, None] - i[None, :]) - mu) ** 2 / (2 * sigma ** 2) - lz)
+
+
+def _floor_layer_8x8():
+    """C = 48, 3 heads, every sigma at the floor (shifts of the grid), as docs/exactness.md's floor family, and
+    its exact ||T|| on 8 x 8 from the SPEC definition (dense, numpy SVD)."""
+    from lipcheck.bounds.params import ssog_params
+    from lipcheck.commands.exactness import exactness_layer
+    layer = exactness_layer(48, "floor", 0)
+    p = ssog_params(layer)
+    alpha, mu, sigma, WV, WO = (x.numpy() for x in (p.alpha, p.mu, p.sigma, p.WV, p.WO))
+    h, M = alpha.shape
+    d = WV.shape[0] // h
+    T = 0
+    for i in range(h):
+        K = sum(alpha[i, m] * np.kron(_axis_log(8, mu[i, m, 0], sigma[i, m, 0]),
+                                      _axis_log(8, mu[i, m, 1], sigma[i, m, 1])) for m in range(M))
+        T = T + np.kron(K, (WV[:, i * d:(i + 1) * d] @ WO[i * d:(i + 1) * d, :]).T)
+    return layer, float(np.linalg.norm(T, 2))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_default_retries_the_deflated_bound_with_twice_the_token_functions():
+    """Where the size rule's k leaves a certified gap above RETRY_GAP, the default call runs the deflated bound again
+    with 2k (a smaller budget forces k = 19 on this 8 x 8 layer; the dense path is switched off): the result is
+    still above the exact norm (dense SVD built here), below the bound at k = 19 given by name, and says so."""
+    from lipcheck.bounds import ssog_lipschitz
+    layer, exact = _floor_layer_8x8()
+    kw = dict(budget_s=0.5, exact_max=0)
+    r = ssog_lipschitz(layer, 8, 8, **kw)
+    d = r.info["deflated"]
+    assert d["retried_from_k"] == 19 and d["k"] == 38 and d["gave_upper"]
+    once = ssog_lipschitz(layer, 8, 8, deflation_k=19, **kw)  # k asked for: no retry
+    assert once.info["deflated"]["retried_from_k"] is None and once.info["deflated"]["k"] == 19
+    assert exact <= r.upper < once.upper
+    assert r.upper / exact - 1 < 0.1 * (once.upper / exact - 1)  # measured: 6.9e-4 against 3.7e-2
+    assert r.lower <= exact * (1 + 1e-12)
+
+
+def test_retry_k_reads_the_sizes_alone():
+    """2k where it fits (N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC budget^(1/3), GRAM_BUDGET), else None."""
+    assert df.retry_k(64, 64, 192, 3, 24) == 48
+    assert df.retry_k(64, 64, 192, 3, 48) is None  # 2k C = 18432 > RETRY_KC
+    assert df.retry_k(128, 128, 192, 3, 24) is None  # beyond RETRY_MAX_TOKENS
+    assert df.retry_k(4, 4, 48, 3, 10) is None  # 2k > N - 1
+    assert df.retry_k(8, 8, 48, 3, 19, scale=0.5 / 60) == 38
+    assert df.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
+    assert df.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
+    assert df.retry_k(8, 8, 48, 3, 0) is None

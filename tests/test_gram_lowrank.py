@@ -276,3 +276,41 @@ def test_coarse_rounding_is_upward_and_absorbs_last_bits():
         same += coarse_up(float(np.nextafter(np.nextafter(x, np.inf), np.inf))) == y
     assert same >= 195
     assert coarse_up(0.0) == 0.0 and coarse_up(math.inf) == math.inf and math.isnan(coarse_up(math.nan))
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(H=st.integers(1, 9), W=st.integers(1, 9), columns=st.integers(1, 40), spike=st.floats(0.0, 50.0),
+       seed=st.integers(0, 10 ** 6))
+def test_envelope_top_is_sound_and_never_above_max_f(H, W, columns, spike, seed):
+    """envelope_top's tau_R >= lambda_max(R_f) for R_f built here from the torus sum, at most max f, and with every
+    frequency a column (d0 = 0) it is lambda_max(R_f) up to rounding."""
+    rng = np.random.default_rng(seed)
+    f = even_symbol(rng, 2 * H - 1, 2 * W - 1, spike)
+    want = np.linalg.eigvalsh(envelope_matrix(f, H, W))[-1]
+    ft = torch.tensor(f)
+    tau, d0, cols = gl.envelope_top(ft, H, W, max_columns=columns)
+    assert want * (1 - 1e-13) <= tau <= float(f.max())
+    assert d0 >= 0 and cols <= (2 * H - 1) * (2 * W - 1)
+    every, d_all, _ = gl.envelope_top(ft, H, W, max_columns=f.size)
+    assert d_all == 0.0 and want * (1 - 1e-13) <= every <= want * (1 + 1e-9) + 1e-12 * f.max()
+
+
+def test_envelope_top_sees_the_box_edges_on_a_smooth_symbol():
+    """A smooth peaked symbol on a 24 x 24 box: lambda_max(R_f) is visibly below max f (the box's edges), and the
+    certified envelope_top, from the 64 largest frequencies alone, recovers most of that difference."""
+    H = W = 24
+    L1, L2 = 2 * H - 1, 2 * W - 1
+    a = 2 * np.pi * np.minimum(np.arange(L1), L1 - np.arange(L1)) / L1
+    b = 2 * np.pi * np.minimum(np.arange(L2), L2 - np.arange(L2)) / L2
+    f = np.exp(-(a[:, None] ** 2 + b[None, :] ** 2))  # even, peak 1 at w = 0
+    want = np.linalg.eigvalsh(envelope_matrix(f, H, W))[-1]
+    assert want < 0.99 * f.max()
+    tau, _, cols = gl.envelope_top(torch.tensor(f), H, W, max_columns=64)
+    assert want <= tau <= want + 0.2 * (f.max() - want) and cols <= 64
+
+
+def test_envelope_top_refuses_nan():
+    f = torch.ones(3, 3, dtype=torch.float64)
+    f[1, 2] = f[2, 1] = math.nan
+    with pytest.raises(ValueError, match="not certified"):
+        gl.envelope_top(f, 2, 2)

@@ -386,6 +386,31 @@ def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     return max(k, 0)
 
 
+# the default certification retries the deflated bound once with twice the token functions where its certified gap
+# to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth kernels on large
+# grids have a flat top of T^T T: with k C near 4608 the vectors of U near its cut leak through M = T^T T into the
+# complement and Theorem D4 loses to the envelope (C = 192, init kernels, 64 x 64: k = 24 left the circulant
+# embedding's 7.4e-3; k = 48 gave 8e-8 in 32 s on 2 cores)
+RETRY_GAP = 1e-4
+RETRY_KC = 9216
+# beyond 64 x 64 the top cluster is four times denser and twice the token functions do not resolve it (init kernels
+# at 128 x 128: k = 48 gave 0.913 against the envelope's 0.8672, in 70 s): no retry there
+RETRY_MAX_TOKENS = 4096
+
+
+def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -> int | None:
+    """Twice k where that still fits: N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC scale^(1/3), Theorem D4's h^4 (2k C)^2 within
+    GRAM_BUDGET * min(scale, 1), and at most LOWRANK_MAX_K beyond 32 x 32; else None. Sizes alone, no clock."""
+    k2 = 2 * int(k)
+    if k < 1 or k2 > H * W - 1 or k2 * C > RETRY_KC * scale ** (1 / 3) or H * W > RETRY_MAX_TOKENS:
+        return None
+    if not gram_affordable(heads, k2, C) or heads ** 4 * float(k2 * C) ** 2 > GRAM_BUDGET * min(scale, 1.0):
+        return None
+    if not ge.dense(H, W) and k2 > LOWRANK_MAX_K:
+        return None
+    return k2
+
+
 def d3_affordable(heads: int, k: int, C: int, budget: float | None = None) -> bool:
     """Whether Theorem D3's matrices fit the budget (default GRAM_BUDGET): h^2 Kronecker terms of (k C)^2 entries, h^2
     channel products."""
@@ -565,8 +590,9 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
     its top eigenvectors (`guided_basis`), tau_R and m22 Cholesky-checked on it (with a guide, Q is not R_f's top
     eigenspace: c = 1024 lambda_1 pushes Q's directions far down, so lambda_max(R_f - c Q Q^T) is within about
     lambda_1 / 1000 of lambda_max(R_f on span(Q)^perp); the guess is then the eigensolver's). Beyond, f alone
-    (lipcheck.bounds.gram_lowrank): Lanczos with FFT products, m22 by the low-rank split, tau_R = max f (R_f is a
-    compression of the circulant with eigenvalues f)."""
+    (lipcheck.bounds.gram_lowrank): Lanczos with FFT products, m22 by the low-rank split, tau_R by the same split
+    without a projector (gram_lowrank.envelope_top; never above max f, R_f being a compression of the circulant with
+    eigenvalues f)."""
     if ge.dense(H, W):
         env = ge.gram_envelope(q, H, W, budget=envelope_budget)
         tau_R = ge.certified_top(env)
@@ -587,6 +613,7 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
     eta = orthonormality_defect(Q)
     d0 = gl.level_for(f, float(ev[0]), float(ev[k - r]))
     m22, columns = gl.complement_bound(f, H, W, Q, eta, d0)
-    return 0.0, float(f.max()), Q, eta, m22, dict(envelope_seconds=time.perf_counter() - t0, envelope_norms=norms,
-                                                  complement_method="low-rank", split_level=d0, columns=columns,
-                                                  guide_profiles=r)
+    tau_R, top_level, top_columns = gl.envelope_top(f, H, W)
+    return 0.0, tau_R, Q, eta, m22, dict(envelope_seconds=time.perf_counter() - t0, envelope_norms=norms,
+                                         complement_method="low-rank", split_level=d0, columns=columns,
+                                         guide_profiles=r, top_level=top_level, top_columns=top_columns)

@@ -20,7 +20,7 @@ import torch
 
 from ..rounding import norm2_upper
 from . import spectral as sp
-from .deflation import deflated_bound
+from .deflation import RETRY_GAP, deflated_bound, retry_k
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
 from .majorant import toeplitz_majorant
@@ -196,6 +196,9 @@ def deflated(run: _Run) -> Stage | None:
         db = deflated_bound(run.q, run.H, run.W, k=pl.deflation_k, complement=pl.complement,
                             envelope_budget=envelope_budget, max_rounds=pl.majorant_rounds, guide=guide,
                             **deadline)
+        retried = _retry_deflated(run, db, guide, envelope_budget)
+        if retried is not None and retried.upper < db.upper:
+            db = retried
     except ValueError as err:  # asked for: the refusal stands; chosen by the size rule: the next method serves
         if o.deflated:
             raise
@@ -204,7 +207,7 @@ def deflated(run: _Run) -> Stage | None:
         run.late("deflated")  # past the deadline now: its envelope's refinement may have been stopped; listed
     dval = coarse_up(db.upper)  # already scaled back by q.log2_scale, as the majorant's
     info = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"), gave_upper=dval < run.upper,
-                upper_from=db.info.get("upper_from"))
+                upper_from=db.info.get("upper_from"), retried_from_k=db.info.get("retried_from_k"))
     if db.info.get("theorem") == "D3":
         info.update(eps=db.eps, sigma=db.sigma)
     envelope = "circulant Gram envelope" if db.info.get("envelope") == "gram" else "majorant"
@@ -216,6 +219,23 @@ def deflated(run: _Run) -> Stage | None:
                   f"on the complement, Cholesky-certified")
     info["envelope"] = db.info.get("envelope")
     return Stage(dval, method, info)
+
+
+def _retry_deflated(run: _Run, db, guide, envelope_budget):
+    """The size rule's deflated bound once more with twice its token functions (deflation.retry_k), where its certified
+    gap to the guide's lower bound is above deflation.RETRY_GAP: the decision reads the two numbers and the sizes,
+    no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
+    o, pl = run.o, run.pl
+    lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
+    if o.deflation_k is not None or pl.complement != "gram" or not lower > 0 or \
+            not db.upper > lower * (1 + RETRY_GAP) or run.late("deflated"):
+        return None
+    k2 = retry_k(run.H, run.W, run.q.dim, run.q.num_heads, db.k, scale=o.budget_s / DEFAULT_BUDGET_S)
+    if k2 is None:
+        return None
+    again = deflated_bound(run.q, run.H, run.W, k=k2, complement="gram", envelope_budget=envelope_budget, guide=guide)
+    again.info["retried_from_k"] = db.k
+    return again
 
 
 def coarse_up(x: float) -> float:
