@@ -173,3 +173,17 @@ def test_thread_default_is_every_core_for_the_full_size_presets():
     cores = len(os.sched_getaffinity(0))
     assert [default_threads(p, None) for p in ("tiny", "ti", "s", "b")] == [1, cores, cores, cores]
     assert default_threads("tiny", "runs/x") == 1 and default_threads("ti", "runs/x") == 1
+
+
+def test_the_figure_title_says_how_far_a_stopped_proof_reached():
+    """A run the budget stopped has ratio inf: the title gives the proven count and the time reached, not 'inf-inf'."""
+    from lipcheck.reports.wellposed_enclosure import figure_title_result
+    inf = float("inf")
+    stopped = {"proven": [False], "t": [0.0, 0.3, 0.628, 1.0], "radius": [[1e-6, 1e-5, 3.9e-4, inf]],
+               "ratio_t1": [inf], "radius_t1": [inf]}
+    assert figure_title_result(stopped) == "0/1 proven on [0, t1]; proven to t = 0.628"
+    done = {"proven": [True, True], "t": [0.0, 1.0], "radius": [[0, 1], [0, 2]], "ratio_t1": [1.04, 2.5],
+            "radius_t1": [0.5, 1.5]}
+    assert figure_title_result(done) == "radius/actual at t1 1.04-2.5"
+    big = dict(done, ratio_t1=None)
+    assert figure_title_result(big) == "radius at t1 1.5 (no actual error at this size)"

@@ -32,11 +32,21 @@ def enclosure_figure(encs):
                             label="actual error" if i == 0 else None)
         ax.set_xlabel("t")
         ax.set_ylabel("||x(t) - y(t)||")
-        ratio = (f"radius/actual at t1 {min(e['ratio_t1']):.3g}-{max(e['ratio_t1']):.3g}" if e.get("ratio_t1")
-                 else f"radius at t1 {max(r[-1] for r in e['radius']):.3g} (no actual error at this size)")
-        ax.set_title(f"gain {e['gain']}: dopri5 tol {e['tol']:g}, {ratio}", fontsize=9)
+        ax.set_title(f"gain {e['gain']}: dopri5 tol {e['tol']:g}, {figure_title_result(e)}", fontsize=9)
         ax.legend(fontsize=7)
     return ("divergence_enclosure", fig)
+
+
+def figure_title_result(e) -> str:
+    """What the title says of one run: the radius / actual range at t1 where every sample is proven (or the radius
+    where no actual error was measured), else how far the proof reached."""
+    if not all(e["proven"]):
+        reached = [max((t for t, r in zip(e["t"], rs) if math.isfinite(r)), default=0.0) for rs in e["radius"]]
+        return (f"{sum(map(bool, e['proven']))}/{len(e['proven'])} proven on [0, t1]; "
+                f"proven to t = {min(reached):.3g}")
+    if e.get("ratio_t1"):
+        return f"radius/actual at t1 {min(e['ratio_t1']):.3g}-{max(e['ratio_t1']):.3g}"
+    return f"radius at t1 {max(e['radius_t1']):.3g} (no actual error at this size)"
 
 
 def enclosure_markdown(encs, ti) -> str:
