@@ -732,3 +732,19 @@ def test_retry_k_reads_the_sizes_alone():
     assert df.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
     assert df.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
     assert df.retry_k(8, 8, 48, 3, 0) is None
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("H,W,C", [(6, 6, 12), (33, 33, 6)])  # R_f stored (dense), and f alone (low-rank)
+def test_a_shared_cache_gives_the_same_bounds_as_fresh_calls(H, W, C):
+    """deflated_bound with a cache shared across k (the default's retry) returns the bounds of calls without it,
+    and computes the envelope once."""
+    rng = np.random.default_rng(H)
+    p = params(*random_layer(rng, 3, 2, C // 3, 2.0, 2.0))
+    cache = {}
+    for k in (3, 6):
+        a = df.deflated_bound(p, H, W, k=k, complement="gram", cache=cache)
+        b = df.deflated_bound(p, H, W, k=k, complement="gram")
+        # equal up to the last bits BLAS paths may change between two identical calls (lipschitz.coarse_up)
+        assert a.upper == pytest.approx(b.upper, rel=1e-13, abs=0) and a.k == b.k == k
+    assert set(cache) == {"dense" if H <= 32 else "lowrank"}

@@ -428,7 +428,8 @@ def choose_complement(H: int, W: int, C: int, heads: int, k: int | None = None) 
 
 def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, time_budget: float | None = None,
                    max_rounds: int | None = None, envelope=None, complement: str = "auto",
-                   envelope_budget: float | None = None, guide: torch.Tensor | None = None) -> DeflationBound:
+                   envelope_budget: float | None = None, guide: torch.Tensor | None = None,
+                   cache: dict | None = None) -> DeflationBound:
     """Certified ||T||_2 <= sqrt(tau) on an H x W grid by deflation (module docstring) with k token functions.
 
     complement: how ||T b|| is bounded on U^perp. 'gram': the circulant Gram envelope (lipcheck.bounds.gram_envelope,
@@ -440,7 +441,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     `majorant.planned_rounds` for the channel count and reads no clock, so the result does not depend on the
     machine's speed or load; a time_budget that stops it early is reported by the envelope (cut_short). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls. envelope_budget: the circulant Gram envelope's budget for certified norms
-    (gram_envelope.ENVELOPE_BUDGET by default)."""
+    (gram_envelope.ENVELOPE_BUDGET by default). cache: a dict shared by calls on the same layer, grid and
+    envelope_budget that differ in k ('gram' only): the envelope is computed once."""
     sp._check_grid_size(H, W)
     t0 = time.perf_counter()
     q = sp.normalised(p)
@@ -454,7 +456,7 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
         complement = "majorant" if envelope is not None else choose_complement(H, W, C, q.num_heads, k)
     if complement == "gram":
         return _gram_deflated(q, H, W, default_k_gram(N, C) if k is None else max(1, min(int(k), N - 1)), t0,
-                              envelope_budget=envelope_budget, guide=guide)
+                              envelope_budget=envelope_budget, guide=guide, cache=cache)
     k = default_k(N, C) if k is None else max(1, min(int(k), N - 1))
     TN, tn_err, mb = envelope if envelope is not None else envelope_toeplitz(p, H, W, k=k, time_budget=time_budget,
                                                                              max_rounds=max_rounds)
@@ -508,7 +510,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
 
 
 def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
-                   envelope_budget: float | None = None, guide: torch.Tensor | None = None) -> DeflationBound:
+                   envelope_budget: float | None = None, guide: torch.Tensor | None = None,
+                   cache: dict | None = None) -> DeflationBound:
     """Theorem D4 with the complement bounded by the circulant Gram envelope (Lemma G2): Q the top k eigenvectors of
     R_f, m22 >= lambda_max(R_f on span(Q)^perp) (`_gram_complement`: dense up to 32 x 32, low-rank beyond; R_f bounds
     T^T T, so m22 is already squared), M11 and X exactly on U; or the envelope's own tau_R >= lambda_max(R_f) where that is smaller. Needs
@@ -517,7 +520,7 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
     if not (d4 or d3_affordable(q.num_heads, k, q.dim)):
         raise ValueError(f"Theorems D4 and D3 with k = {k} exceed GRAM_BUDGET at {q.num_heads} heads, C = {q.dim}: "
                          f"pass a smaller k or complement='majorant'")
-    env, tau_R, Q, eta, m22, info = _gram_complement(q, H, W, k, envelope_budget, guide)
+    env, tau_R, Q, eta, m22, info = _gram_complement(q, H, W, k, envelope_budget, guide, cache)
     e = q.log2_scale
     u = rounding.unit_roundoff(torch.float64)
     margin_conv = q.conversion_error * q.magnitude()
@@ -584,7 +587,7 @@ def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tup
 
 
 def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: float | None,
-                     guide: torch.Tensor | None = None):
+                     guide: torch.Tensor | None = None, cache: dict | None = None):
     """(envelope error, tau_R >= lambda_max(R_f), Q (N x k), eta, m22 >= lambda_max(R_f on span(Q)^perp), info) for
     the circulant Gram envelope (normalised units, squared). Up to 32 x 32 (gram_envelope.dense) R_f is stored: Q from
     its top eigenvectors (`guided_basis`), tau_R and m22 Cholesky-checked on it (with a guide, Q is not R_f's top
@@ -592,11 +595,19 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
     lambda_1 / 1000 of lambda_max(R_f on span(Q)^perp); the guess is then the eigensolver's). Beyond, f alone
     (lipcheck.bounds.gram_lowrank): Lanczos with FFT products, m22 by the low-rank split, tau_R by the same split
     without a projector (gram_lowrank.envelope_top; never above max f, R_f being a compression of the circulant with
-    eigenvalues f)."""
+    eigenvalues f). cache: a dict shared by calls on the same layer, grid and budget with other k (the default's
+    retry): what does not depend on k (the envelope, tau_R, R_f's eigendecomposition) is computed once."""
+    cache = {} if cache is None else cache
     if ge.dense(H, W):
-        env = ge.gram_envelope(q, H, W, budget=envelope_budget)
-        tau_R = ge.certified_top(env)
-        ev, Q = top_eigenvectors(env.R, k)
+        if "dense" not in cache:
+            env = ge.gram_envelope(q, H, W, budget=envelope_budget)
+            with sp.single_thread():
+                ev_all, V_all = torch.linalg.eigh(env.R)
+            cache["dense"] = (env, ge.certified_top(env), ev_all.flip(0), V_all.flip(1))
+        env, tau_R, ev_all, V_all = cache["dense"]
+        ev = ev_all[:k + 1]
+        with sp.single_thread():
+            Q = torch.linalg.qr(V_all[:, :k])[0]
         Q, r = guided_basis(Q, guide, k)
         eta = orthonormality_defect(Q)
         if r:
@@ -607,13 +618,15 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
         return env.err, tau_R, Q, eta, m22, dict(envelope_seconds=env.seconds, envelope_norms=env.norms,
                                                  guide_profiles=r)
     t0 = time.perf_counter()
-    f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget)
+    if "lowrank" not in cache:
+        f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget)
+        cache["lowrank"] = (f, norms, gl.envelope_top(f, H, W))
+    f, norms, (tau_R, top_level, top_columns) = cache["lowrank"]
     ev, Q = gl.top_vectors(f, H, W, k)
     Q, r = guided_basis(Q, guide, k)
     eta = orthonormality_defect(Q)
     d0 = gl.level_for(f, float(ev[0]), float(ev[k - r]))
     m22, columns = gl.complement_bound(f, H, W, Q, eta, d0)
-    tau_R, top_level, top_columns = gl.envelope_top(f, H, W)
     return 0.0, tau_R, Q, eta, m22, dict(envelope_seconds=time.perf_counter() - t0, envelope_norms=norms,
                                          complement_method="low-rank", split_level=d0, columns=columns,
                                          guide_profiles=r, top_level=top_level, top_columns=top_columns)

@@ -192,11 +192,12 @@ def deflated(run: _Run) -> Stage | None:
     # the majorant's envelope (complement 'majorant') refines for the plan's rounds, stopped by nothing but a deadline
     deadline = dict(time_budget=max(0.0, run.seconds_left()) if o.deadline_s is not None else None)
     guide = _guide(run) if pl.complement == "gram" else None
+    cache = {}  # the envelope, computed once for the call and its retry
     try:
         db = deflated_bound(run.q, run.H, run.W, k=pl.deflation_k, complement=pl.complement,
                             envelope_budget=envelope_budget, max_rounds=pl.majorant_rounds, guide=guide,
-                            **deadline)
-        retried = _retry_deflated(run, db, guide, envelope_budget)
+                            cache=cache, **deadline)
+        retried = _retry_deflated(run, db, guide, envelope_budget, cache)
         if retried is not None and retried.upper < db.upper:
             db = retried
     except ValueError as err:  # asked for: the refusal stands; chosen by the size rule: the next method serves
@@ -221,7 +222,7 @@ def deflated(run: _Run) -> Stage | None:
     return Stage(dval, method, info)
 
 
-def _retry_deflated(run: _Run, db, guide, envelope_budget):
+def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     """The size rule's deflated bound once more with twice its token functions (deflation.retry_k), where its certified
     gap to the guide's lower bound is above deflation.RETRY_GAP: the decision reads the two numbers and the sizes,
     no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
@@ -233,7 +234,8 @@ def _retry_deflated(run: _Run, db, guide, envelope_budget):
     k2 = retry_k(run.H, run.W, run.q.dim, run.q.num_heads, db.k, scale=o.budget_s / DEFAULT_BUDGET_S)
     if k2 is None:
         return None
-    again = deflated_bound(run.q, run.H, run.W, k=k2, complement="gram", envelope_budget=envelope_budget, guide=guide)
+    again = deflated_bound(run.q, run.H, run.W, k=k2, complement="gram", envelope_budget=envelope_budget, guide=guide,
+                           cache=cache)
     again.info["retried_from_k"] = db.k
     return again
 
