@@ -720,6 +720,19 @@ def test_the_default_retries_the_deflated_bound_with_twice_the_token_functions()
     assert exact <= r.upper < once.upper
     assert r.upper / exact - 1 < 0.1 * (once.upper / exact - 1)  # measured: 6.9e-4 against 3.7e-2
     assert r.lower <= exact * (1 + 1e-12)
+    assert d["delta"] <= df.RETRY_COMPLEMENT * r.lower  # the retry's complement, as the first pass's, leaves room
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_no_retry_where_the_complement_holds_the_bound_up(monkeypatch):
+    """The same call with RETRY_COMPLEMENT at 0 (every complement counts as near ||T||): no retry, the bound of
+    k = 19."""
+    from lipcheck.bounds import lipschitz as lp
+    from lipcheck.bounds import ssog_lipschitz
+    monkeypatch.setattr(lp, "RETRY_COMPLEMENT", 0.0)
+    layer, exact = _floor_layer_8x8()
+    r = ssog_lipschitz(layer, 8, 8, budget_s=0.5, exact_max=0)
+    assert r.info["deflated"]["retried_from_k"] is None and r.info["deflated"]["k"] == 19 and exact <= r.upper
 
 
 def test_retry_k_reads_the_sizes_alone():

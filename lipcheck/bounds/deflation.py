@@ -396,6 +396,11 @@ RETRY_KC = 9216
 # beyond 64 x 64 the top cluster is four times denser and twice the token functions do not resolve it (init kernels
 # at 128 x 128: k = 48 gave 0.913 against the envelope's 0.8672, in 70 s): no retry there
 RETRY_MAX_TOKENS = 4096
+# and only where the complement sqrt(m22) is already below RETRY_COMPLEMENT times the lower bound: there the loss is
+# the leakage X / g, which more token functions shrink; where the complement itself is near ||T||, a larger k lowers
+# it slowly (sigma at the floor, C = 384: complement / lower 1.13, 0.98, 0.96 at 8x8, 14x14, 16x16 with k = 12; k = 24
+# took their gaps from 20, 5.8, 4.3 % to 11.5, 2.9, 3.7 % at 2-3x the time). The successes above: 0.92 and 0.89
+RETRY_COMPLEMENT = 0.95
 
 
 def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -> int | None:

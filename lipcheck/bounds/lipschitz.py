@@ -20,7 +20,7 @@ import torch
 
 from ..rounding import norm2_upper
 from . import spectral as sp
-from .deflation import RETRY_GAP, deflated_bound, retry_k
+from .deflation import RETRY_COMPLEMENT, RETRY_GAP, deflated_bound, retry_k
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
 from .majorant import toeplitz_majorant
@@ -224,12 +224,14 @@ def deflated(run: _Run) -> Stage | None:
 
 def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     """The size rule's deflated bound once more with twice its token functions (deflation.retry_k), where its certified
-    gap to the guide's lower bound is above deflation.RETRY_GAP: the decision reads the two numbers and the sizes,
-    no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
+    gap to the guide's lower bound is above deflation.RETRY_GAP and its complement bound below RETRY_COMPLEMENT times
+    that lower bound: the decision reads these certified numbers and the sizes, no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
     o, pl = run.o, run.pl
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
+    complement = db.info.get("complement")
     if o.deflation_k is not None or pl.complement != "gram" or not lower > 0 or \
-            not db.upper > lower * (1 + RETRY_GAP) or run.late("deflated"):
+            not db.upper > lower * (1 + RETRY_GAP) or complement is None or \
+            not complement <= RETRY_COMPLEMENT * lower or run.late("deflated"):
         return None
     k2 = retry_k(run.H, run.W, run.q.dim, run.q.num_heads, db.k, scale=o.budget_s / DEFAULT_BUDGET_S)
     if k2 is None:
