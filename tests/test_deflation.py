@@ -741,6 +741,7 @@ def test_retry_k_reads_the_sizes_alone():
     assert df.retry_k(64, 64, 192, 3, 48) is None  # 2k C = 18432 > RETRY_KC
     assert df.retry_k(128, 128, 192, 3, 24) is None  # beyond RETRY_MAX_TOKENS
     assert df.retry_k(4, 4, 48, 3, 10) is None  # 2k > N - 1
+    assert df.retry_k(4, 4, 48, 3, 8) is None and df.retry_k(4, 4, 48, 3, 7) == 14  # at most N - 1 = 15
     assert df.retry_k(8, 8, 48, 3, 19, scale=0.5 / 60) == 38
     assert df.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
     assert df.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
