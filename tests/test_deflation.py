@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lipcheck import rounding
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import options as opts
 from test_majorant import axis, dense_norm, dense_T, params, random_layer
 
 # stopped by rounds: the same result on any machine; the Toeplitz majorant's envelope (tests/test_gram_envelope.py
@@ -720,7 +721,7 @@ def test_the_default_retries_the_deflated_bound_with_twice_the_token_functions()
     assert exact <= r.upper < once.upper
     assert r.upper / exact - 1 < 0.1 * (once.upper / exact - 1)  # measured: 6.9e-4 against 3.7e-2
     assert r.lower <= exact * (1 + 1e-12)
-    assert d["delta"] <= df.RETRY_COMPLEMENT * r.lower  # the retry's complement, as the first pass's, leaves room
+    assert d["delta"] <= opts.RETRY_COMPLEMENT * r.lower  # the retry's complement, as the first pass's, leaves room
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -737,15 +738,15 @@ def test_no_retry_where_the_complement_holds_the_bound_up(monkeypatch):
 
 def test_retry_k_reads_the_sizes_alone():
     """2k where it fits (N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC budget^(1/3), GRAM_BUDGET), else None."""
-    assert df.retry_k(64, 64, 192, 3, 24) == 48
-    assert df.retry_k(64, 64, 192, 3, 48) is None  # 2k C = 18432 > RETRY_KC
-    assert df.retry_k(128, 128, 192, 3, 24) is None  # beyond RETRY_MAX_TOKENS
-    assert df.retry_k(4, 4, 48, 3, 10) is None  # 2k > N - 1
-    assert df.retry_k(4, 4, 48, 3, 8) is None and df.retry_k(4, 4, 48, 3, 7) == 14  # at most N - 1 = 15
-    assert df.retry_k(8, 8, 48, 3, 19, scale=0.5 / 60) == 38
-    assert df.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
-    assert df.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
-    assert df.retry_k(8, 8, 48, 3, 0) is None
+    assert opts.retry_k(64, 64, 192, 3, 24) == 48
+    assert opts.retry_k(64, 64, 192, 3, 48) is None  # 2k C = 18432 > RETRY_KC
+    assert opts.retry_k(128, 128, 192, 3, 24) is None  # beyond RETRY_MAX_TOKENS
+    assert opts.retry_k(4, 4, 48, 3, 10) is None  # 2k > N - 1
+    assert opts.retry_k(4, 4, 48, 3, 8) is None and opts.retry_k(4, 4, 48, 3, 7) == 14  # at most N - 1 = 15
+    assert opts.retry_k(8, 8, 48, 3, 19, scale=0.5 / 60) == 38
+    assert opts.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
+    assert opts.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
+    assert opts.retry_k(8, 8, 48, 3, 0) is None
 
 
 @pytest.mark.usefixtures("one_thread")

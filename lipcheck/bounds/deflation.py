@@ -45,7 +45,7 @@ from . import gram_lowrank as gl
 from . import majorant as mj
 from . import spectral as sp
 from .approx import _Approx, _deflect, _kron_sum, _mm, _pairwise, _sub, _sym, _up  # noqa: F401  (tests reach them here)
-from .deflation_search import choose_gram_shift, choose_parameters
+from .deflation_search import choose_gram_shift, choose_parameters, guided_basis  # noqa: F401  (tests reach it here)
 
 
 # rounding.verified_lambda_max pads its guess from 1e-12 ||S||_F tenfold per failed Cholesky try: 20 tries reach
@@ -386,36 +386,6 @@ def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     return max(k, 0)
 
 
-# the default certification retries the deflated bound once with twice the token functions where its certified gap
-# to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth kernels on large
-# grids have a flat top of T^T T: with k C near 4608 the vectors of U near its cut leak through M = T^T T into the
-# complement and Theorem D4 loses to the envelope (C = 192, init kernels, 64 x 64: k = 24 left the circulant
-# embedding's 7.4e-3; k = 48 gave 8e-8 in 32 s on 2 cores)
-RETRY_GAP = 1e-4
-RETRY_KC = 9216
-# beyond 64 x 64 the top cluster is four times denser and twice the token functions do not resolve it (init kernels
-# at 128 x 128: k = 48 gave 0.913 against the envelope's 0.8672, in 70 s): no retry there
-RETRY_MAX_TOKENS = 4096
-# and only where the complement sqrt(m22) is already below RETRY_COMPLEMENT times the lower bound: there the loss is
-# the leakage X / g, which more token functions shrink; where the complement itself is near ||T||, a larger k lowers
-# it slowly (sigma at the floor, C = 384: complement / lower 1.13, 0.98, 0.96 at 8x8, 14x14, 16x16 with k = 12; k = 24
-# took their gaps from 20, 5.8, 4.3 % to 11.5, 2.9, 3.7 % at 2-3x the time). The successes above: 0.92 and 0.89
-RETRY_COMPLEMENT = 0.95
-
-
-def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -> int | None:
-    """Twice k where that still fits: N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC scale^(1/3), Theorem D4's h^4 (2k C)^2 within
-    GRAM_BUDGET * min(scale, 1), and at most LOWRANK_MAX_K beyond 32 x 32; else None. Sizes alone, no clock."""
-    k2 = 2 * int(k)
-    if k < 1 or k2 > H * W - 1 or k2 * C > RETRY_KC * scale ** (1 / 3) or H * W > RETRY_MAX_TOKENS:
-        return None
-    if not gram_affordable(heads, k2, C) or heads ** 4 * float(k2 * C) ** 2 > GRAM_BUDGET * min(scale, 1.0):
-        return None
-    if not ge.dense(H, W) and k2 > LOWRANK_MAX_K:
-        return None
-    return k2
-
-
 def d3_affordable(heads: int, k: int, C: int, budget: float | None = None) -> bool:
     """Whether Theorem D3's matrices fit the budget (default GRAM_BUDGET): h^2 Kronecker terms of (k C)^2 entries, h^2
     channel products."""
@@ -566,29 +536,6 @@ def _gram_d3(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, m22:
     eps, sigma = choose_parameters(A.val, GC.val, GB.val, delta, GB.err)
     tau, est = certify_block(A, GC, GB, delta, eps, sigma)
     return tau, est, dict(eps=eps, sigma=sigma, errors=dict(A=A.err, GC=GC.err, GB=GB.err))
-
-
-def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tuple[torch.Tensor, int]:
-    """(Q (N x k) with orthonormal columns up to rounding, r): the leading r <= k / 2 token profiles of guide (left
-    singular vectors of its N x C matrix with singular values above 1e-6 of the first, above the float32 rounding
-    the guide passes through), then the envelope's top
-    eigenvectors Q_env with those projected out. No guide: Q_env itself, r = 0. Any Q is sound; this one puts T's
-    top singular vector (nearly) inside U."""
-    if guide is None:
-        return Q_env, 0
-    N = Q_env.shape[0]
-    # rounded to float32 first: a Ritz vector can differ in its last bits between two runs (BLAS paths depend on
-    # memory alignment), and the bound should not
-    G = guide.reshape(N, -1).to(torch.float32).to(Q_env.dtype)
-    if not bool(torch.isfinite(G).all()) or float(G.abs().max()) == 0.0:
-        return Q_env, 0
-    with sp.single_thread():
-        U, s, _ = torch.linalg.svd(G / G.abs().max(), full_matrices=False)
-        r = min(k // 2, int((s > 1e-6 * s[0]).sum()))
-        A = U[:, :r]
-        rest = Q_env - A @ (A.T @ Q_env)
-        Q = torch.linalg.qr(torch.cat([A, rest[:, :k - r]], 1))[0]
-    return Q, r
 
 
 def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: float | None,

@@ -152,3 +152,26 @@ def choose_gram_shift(M11: torch.Tensor, X: torch.Tensor, m22: float, *, tol: fl
         g = g + h / (1 + float(v @ (B @ v)) / g ** 2)
         lam, v = top(g, v)
     return g, lam
+
+
+def guided_basis(Q_env: torch.Tensor, guide: torch.Tensor | None, k: int) -> tuple[torch.Tensor, int]:
+    """(Q (N x k) with orthonormal columns up to rounding, r): the leading r <= k / 2 token profiles of guide (left
+    singular vectors of its N x C matrix with singular values above 1e-6 of the first, above the float32 rounding
+    the guide passes through), then the envelope's top
+    eigenvectors Q_env with those projected out. No guide: Q_env itself, r = 0. Any Q is sound; this one puts T's
+    top singular vector (nearly) inside U."""
+    if guide is None:
+        return Q_env, 0
+    N = Q_env.shape[0]
+    # rounded to float32 first: a Ritz vector can differ in its last bits between two runs (BLAS paths depend on
+    # memory alignment), and the bound should not
+    G = guide.reshape(N, -1).to(torch.float32).to(Q_env.dtype)
+    if not bool(torch.isfinite(G).all()) or float(G.abs().max()) == 0.0:
+        return Q_env, 0
+    with sp.single_thread():
+        U, s, _ = torch.linalg.svd(G / G.abs().max(), full_matrices=False)
+        r = min(k // 2, int((s > 1e-6 * s[0]).sum()))
+        A = U[:, :r]
+        rest = Q_env - A @ (A.T @ Q_env)
+        Q = torch.linalg.qr(torch.cat([A, rest[:, :k - r]], 1))[0]
+    return Q, r

@@ -20,12 +20,12 @@ import torch
 
 from ..rounding import norm2_upper
 from . import spectral as sp
-from .deflation import RETRY_COMPLEMENT, RETRY_GAP, deflated_bound, retry_k
+from .deflation import deflated_bound
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
 from .majorant import toeplitz_majorant
-from .options import (DEFAULT_BUDGET_S, OPTION_NAMES, RF_PAIRS, RF_WORK, CertifyOptions, Plan,  # noqa: F401
-                      certify_options, plan, rf_rounds)
+from .options import (DEFAULT_BUDGET_S, OPTION_NAMES, RETRY_COMPLEMENT, RETRY_GAP, RF_PAIRS, RF_WORK,  # noqa: F401
+                      CertifyOptions, Plan, certify_options, plan, retry_k, rf_rounds)
 
 
 @dataclasses.dataclass
@@ -223,8 +223,8 @@ def deflated(run: _Run) -> Stage | None:
 
 
 def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
-    """The size rule's deflated bound once more with twice its token functions (deflation.retry_k), where its certified
-    gap to the guide's lower bound is above deflation.RETRY_GAP and its complement bound below RETRY_COMPLEMENT times
+    """The size rule's deflated bound once more with twice its token functions (options.retry_k), where its certified
+    gap to the guide's lower bound is above options.RETRY_GAP and its complement bound below RETRY_COMPLEMENT times
     that lower bound: the decision reads these certified numbers and the sizes, no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
     o, pl = run.o, run.pl
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)

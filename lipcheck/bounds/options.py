@@ -12,8 +12,9 @@ import math
 
 import torch
 
-from .deflation import planned_k
-from .gram_envelope import affordable
+from . import deflation
+from .deflation import LOWRANK_MAX_K, gram_affordable, planned_k
+from .gram_envelope import affordable, dense
 from .majorant import planned_rounds
 
 # the resolution-free branch and bound's rounds cost about (anchors per round) C^3 each; the default caps them at this
@@ -28,6 +29,37 @@ RF_PAIRS = 5e6
 # GRAM_BUDGET, gram_envelope.ENVELOPE_BUDGET (measured: the deflated bound 5-35 s up to 32 x 32 at C <= 384),
 # majorant.MAJORANT_WORK
 DEFAULT_BUDGET_S = 60.0
+
+
+# the default certification (lipschitz.deflated) retries the deflated bound once with twice the token functions where its certified gap
+# to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth kernels on large
+# grids have a flat top of T^T T: with k C near 4608 the vectors of U near its cut leak through M = T^T T into the
+# complement and Theorem D4 loses to the envelope (C = 192, init kernels, 64 x 64: k = 24 left the circulant
+# embedding's 7.4e-3; k = 48 gave 8e-8 in 32 s on 2 cores)
+RETRY_GAP = 1e-4
+RETRY_KC = 9216
+# beyond 64 x 64 the top cluster is four times denser and twice the token functions do not resolve it (init kernels
+# at 128 x 128: k = 48 gave 0.913 against the envelope's 0.8672, in 70 s): no retry there
+RETRY_MAX_TOKENS = 4096
+# and only where the complement sqrt(m22) is already below RETRY_COMPLEMENT times the lower bound: there the loss is
+# the leakage X / g, which more token functions shrink; where the complement itself is near ||T||, a larger k lowers
+# it slowly (sigma at the floor, C = 384: complement / lower 1.13, 0.98, 0.96 at 8x8, 14x14, 16x16 with k = 12; k = 24
+# took their gaps from 20, 5.8, 4.3 % to 11.5, 2.9, 3.7 % at 2-3x the time). The successes above: 0.92 and 0.89
+RETRY_COMPLEMENT = 0.95
+
+
+def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -> int | None:
+    """Twice k where that still fits: N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC scale^(1/3), Theorem
+    D4's h^4 (2k C)^2 within GRAM_BUDGET * min(scale, 1), and at most LOWRANK_MAX_K beyond 32 x 32; else None. Sizes
+    alone, no clock."""
+    k2 = 2 * int(k)
+    if k < 1 or k2 > H * W - 1 or k2 * C > RETRY_KC * scale ** (1 / 3) or H * W > RETRY_MAX_TOKENS:
+        return None
+    if not gram_affordable(heads, k2, C) or heads ** 4 * float(k2 * C) ** 2 > deflation.GRAM_BUDGET * min(scale, 1.0):
+        return None
+    if not dense(H, W) and k2 > LOWRANK_MAX_K:
+        return None
+    return k2
 
 
 @dataclasses.dataclass(frozen=True)
