@@ -225,7 +225,8 @@ def deflated(run: _Run) -> Stage | None:
 def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     """The size rule's deflated bound once more with twice its token functions (options.retry_k), where its certified
     gap to the guide's lower bound is above options.RETRY_GAP and its complement bound below RETRY_COMPLEMENT times
-    that lower bound: the decision reads these certified numbers and the sizes, no clock. None where it does not apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
+    that lower bound: the decision reads these certified numbers and the sizes, no clock. None where it does not
+    apply (k asked for, complement not the Gram envelope, no room, past the deadline)."""
     o, pl = run.o, run.pl
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
     complement = db.info.get("complement")

@@ -31,11 +31,11 @@ RF_PAIRS = 5e6
 DEFAULT_BUDGET_S = 60.0
 
 
-# the default certification (lipschitz.deflated) retries the deflated bound once with twice the token functions where its certified gap
-# to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth kernels on large
-# grids have a flat top of T^T T: with k C near 4608 the vectors of U near its cut leak through M = T^T T into the
-# complement and Theorem D4 loses to the envelope (C = 192, init kernels, 64 x 64: k = 24 left the circulant
-# embedding's 7.4e-3; k = 48 gave 8e-8 in 32 s on 2 cores)
+# the default certification (lipschitz.deflated) retries the deflated bound once with twice the token functions where
+# its certified gap to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth
+# kernels on large grids have a flat top of T^T T: with k C near 4608 the vectors of U near its cut leak through M =
+# T^T T into the complement and Theorem D4 loses to the envelope (C = 192, init kernels, 64 x 64: k = 24 left the
+# circulant embedding's 7.4e-3; k = 48 gave 8e-8 in 32 s on 2 cores)
 RETRY_GAP = 1e-4
 RETRY_KC = 9216
 # beyond 64 x 64 the top cluster is four times denser and twice the token functions do not resolve it (init kernels

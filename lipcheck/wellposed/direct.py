@@ -219,7 +219,8 @@ def _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, 
     at_t1 = f64([upper(r) if why is None else math.inf for r, why in zip(state["r"], state["reason"])])
     return Enclosure(proven=torch.tensor([x is None for x in state["reason"]]), t=t,
                      center=torch.stack(table.center), radius=rows["radius"], radius_t1=at_t1,
-                     reason=state["reason"], tube=rows["tube"], mu=rows["mu"], mu_point=rows["mu_point"], defect=rows["defect"],
+                     reason=state["reason"], tube=rows["tube"], mu=rows["mu"], mu_point=rows["mu_point"],
+                     defect=rows["defect"],
                      defect_sampled=rows["sampled"], steps=steps, stats=stats,
                      _envelope_data=dict(intervals=table.env, field=field, radius=rows["radius"], C=x0.shape[-1]),
                      _pieces=dict(steps=steps, coefs=coefs, spans=table.spans))
