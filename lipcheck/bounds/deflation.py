@@ -85,13 +85,21 @@ def envelope_toeplitz(p: sp.SSoGParams, H: int, W: int, *, k: int = 10, time_bud
     return TN, _up(mj.stored_matrix_error(t_err, H, W, t.dtype)), mb
 
 
-def top_eigenvectors(TN: torch.Tensor, k: int):
-    """(eigenvalues descending (k + 1,), Q (N, k) with orthonormal columns up to rounding): the top of T_N(s_up)."""
+def eigh_descending(TN: torch.Tensor):
+    """(all eigenvalues descending, their eigenvectors as columns) of the symmetric TN: computed once, any k read off
+    by `top_eigenvectors`."""
     with sp.single_thread():
         ev, V = torch.linalg.eigh(TN)
-        ev, V = ev.flip(0)[:k + 1], V.flip(1)[:, :k]
-        Q = torch.linalg.qr(V)[0]
-    return ev, Q
+    return ev.flip(0), V.flip(1)
+
+
+def top_eigenvectors(TN: torch.Tensor, k: int, *, eig=None):
+    """(eigenvalues descending (k + 1,), Q (N, k) with orthonormal columns up to rounding): the top of T_N(s_up).
+    eig: `eigh_descending(TN)` where already computed."""
+    ev, V = eigh_descending(TN) if eig is None else eig
+    with sp.single_thread():
+        Q = torch.linalg.qr(V[:, :k])[0]
+    return ev[:k + 1], Q
 
 
 def orthonormality_defect(Q: torch.Tensor) -> float:
@@ -553,13 +561,9 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
     if ge.dense(H, W):
         if "dense" not in cache:
             env = ge.gram_envelope(q, H, W, budget=envelope_budget)
-            with sp.single_thread():
-                ev_all, V_all = torch.linalg.eigh(env.R)
-            cache["dense"] = (env, ge.certified_top(env), ev_all.flip(0), V_all.flip(1))
-        env, tau_R, ev_all, V_all = cache["dense"]
-        ev = ev_all[:k + 1]
-        with sp.single_thread():
-            Q = torch.linalg.qr(V_all[:, :k])[0]
+            cache["dense"] = (env, ge.certified_top(env), eigh_descending(env.R))
+        env, tau_R, eig = cache["dense"]
+        ev, Q = top_eigenvectors(env.R, k, eig=eig)
         Q, r = guided_basis(Q, guide, k)
         eta = orthonormality_defect(Q)
         if r:
