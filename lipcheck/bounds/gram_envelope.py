@@ -15,9 +15,9 @@ circulant bound squared), and for token functions orthogonal to span(Q), ||T b||
 S_L(w) x^(w) within each torus frequency are lost; the Toeplitz majorant loses them over the continuous torus and
 pays for a cellwise envelope besides.
 
-Cost: certified C x C norms (rounding.norm2_upper) at the frequencies of half the torus where the symbol is large
-(S_L(-w) is the conjugate of S_L(w)); a cheap certified bound elsewhere (`torus_symbol_norms`); used up to 32 x 32
-(`affordable`).
+Cost: anchors (verified top singular triples of C x C symbol matrices) at the frequencies of half the torus where
+the symbol is large (S_L(-w) is the conjugate of S_L(w)), the anchors' certified bounds or a cheap one elsewhere
+(`torus_symbol_norms`).
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from .. import rounding
 from . import spectral as sp
 from .majorant import _upper_half, dense_toeplitz
 
-# the certified C x C norms cost up to this many C^3 (about 390 norms at C = 384: some 13 s on 2 cores); the rest of
-# the torus keeps the cheap bound (torus_symbol_norms)
+# the anchors cost up to this many C^3 (about 390 at C = 384: some 20 s on 2 cores); the rest of the torus keeps
+# the anchors' bounds or the cheap one (torus_symbol_norms)
 ENVELOPE_BUDGET = 2.2e10
 # certified norms stop once every remaining cheap bound squared is below THETA times the largest certified value.
 # Measured on frozen narrow kernels at C = 384 (docs/exactness.md, 1 thread): at 14 x 14 (365 frequencies) theta =
@@ -99,17 +99,21 @@ def trig_error(u: float) -> float:
 
 def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, theta: float | None = None,
                        budget: float | None = None) -> tuple[torch.Tensor, int]:
-    """(f (L1, L2), the number of C x C norms certified): f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a /
-    L1, 2 pi b / L2), S_L the symbol of the kernels truncated to the box's offsets (sp.truncated_symbols, error
+    """(f (L1, L2), the number of anchors): f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a / L1, 2 pi b /
+    L2), S_L the symbol of the kernels truncated to the box's offsets (sp.truncated_symbols, error
     sp.truncated_symbol_error), on half the torus; the mirror frequency (-a mod L1, -b mod L2) takes the same value
     (real taps: S_L(-w) = conj(S_L(w)), the same norm).
 
-    At every frequency the cheap bound g = SymbolNorm.cheap (the triangle bound over the heads or ||W_V|| max|c_h|
-    ||W_O||, certified); in decreasing order of g, the stored S (SymbolNorm.matrix, error matrix_error) is certified by
-    rounding.norm2_upper and the smaller of the two kept, until every remaining g^2 is at most theta times the
-    largest value certified so far, or the norms have cost budget / C^3 of them. Either way f is certified: the
-    stopping rule only decides where the looser g stands, and g^2 <= theta max f there costs little, for R_f's top
-    eigenvalues follow f's largest values (proofs/S2.md, 'Circulant Gram envelope', (i))."""
+    Every frequency starts from the cheap bound g = SymbolNorm.cheap (the triangle bound over the heads or ||W_V||
+    max|c_h| ||W_O||, certified). Branch and bound: the `chunk` frequencies of largest current bound become anchors
+    (SymbolNorm.add_anchors: a verified top singular triple, certified at the anchor itself), and every frequency
+    still above the stopping level takes the smaller of its bound and the new anchors' (SymbolNorm.anchor_bound: near
+    an anchor it is within second order of the exact norm). It stops when every remaining bound squared is at most
+    theta times the largest anchor value, or the anchors have cost budget / C^3 of them. Either way f is certified
+    (every value is a minimum of upper bounds): the rule only decides where looser bounds stand, and <= theta max f
+    there costs little, for R_f's top eigenvalues follow f's largest values (proofs/S2.md, 'Circulant Gram
+    envelope', (i)). Anchoring where the bound is largest, not where g is (as certified norms in g's order did),
+    finds the peak of f where g misjudges it: C = 384 init kernels at 128 x 128, max f 382324 -> 193569."""
     theta = THETA if theta is None else float(theta)
     budget = ENVELOPE_BUDGET if budget is None else float(budget)
     c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
@@ -121,17 +125,27 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
     ck = c.reshape(-1, q.num_heads)[keep]
     s = sp._no_nan(sn.cheap(ck), "torus symbol norms")
-    order = torch.argsort(s, descending=True, stable=True)
+    open_ = torch.ones_like(s, dtype=torch.bool)  # not yet an anchor
     most = max(1, int(budget // float(q.dim) ** 3))
     best, done = 0.0, 0
-    while done < min(most, order.numel()):
-        pick = order[done:done + min(chunk, most - done)]
-        if float(s[pick[0]]) <= math.sqrt(theta) * best:  # g^2 <= theta best^2 (not squared: no overflow)
+    level = math.sqrt(theta)  # g^2 <= theta best^2, compared unsquared (no overflow)
+    while done < min(most, s.numel()):
+        rest = torch.where(open_, s, torch.full_like(s, -math.inf))
+        pick = torch.topk(rest, min(chunk, most - done, int(open_.sum()))).indices
+        if float(s[pick[0]]) <= level * best:
             break
-        c0 = ck[pick]
-        s[pick] = torch.minimum(s[pick], rounding.norm2_upper(sn.matrix(c0)) + sn.matrix_error(c0))
-        best = max(best, float(s[pick].max()))
+        open_[pick] = False
         done += pick.numel()
+        try:
+            cert = sn.add_anchors(ck[pick])
+        except torch.linalg.LinAlgError:  # the guess's eigensolver (S^* S out of range): these stay at g
+            continue
+        # NaN from an anchor is "not certified": the frequency keeps its bound
+        s[pick] = torch.minimum(s[pick], torch.nan_to_num(cert, nan=math.inf))
+        best = max(best, float(sn._last_values.max()))
+        live = torch.nonzero(open_ & (s > level * best)).squeeze(1)
+        if live.numel():
+            s[live] = torch.minimum(s[live], torch.nan_to_num(sn.bound(ck[live], sn.anchors[-1]), nan=math.inf))
     u = rounding.unit_roundoff(torch.float64)
     # two additions rounded to nearest (<= u each), then the square (<= u): 8u covers them
     s = (s + err_c) * (1 + 2 * u)
