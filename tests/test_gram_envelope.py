@@ -137,6 +137,7 @@ def test_torus_norms_bound_the_exact_symbol_norms(seed, heads, spread):
     value to 1e-9 (and 1e-10 max f: the coefficients' error); with a budget of 5 C^3 exactly 5 anchors; stopped by the rule (no budget), every frequency left
     looser than 1e-9 carries at most theta (max f) and max f is the exact maximum to 1e-9 (the anchors went where the
     bound was largest)."""
+    from lipcheck.bounds import spectral as sp
     rng = np.random.default_rng(seed)
     layer = random_layer(rng, heads, 2, 2, spread, max(spread, 0.5))
     q = normalised(params(*layer))
@@ -144,21 +145,49 @@ def test_torus_norms_bound_the_exact_symbol_norms(seed, heads, spread):
     ref = torus_norms_sq(*(np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)), H, W)
     cheap = cheap_bound_sq(*(np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)), H, W)
     C = q.dim
+    sn = sp.SymbolNorm(q)
+    err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
+    assert err_c > 1e-13 * math.sqrt(ref.max())  # large enough for the check below to see it
+    half = [(a, b) for a in range(5) for b in range(7) if a * 7 + b <= ((-a) % 5) * 7 + (-b) % 7]
+    hi, hj = np.array(half).T
     for theta, budget, chunk in ((0.0, None, 32), (0.0, 5 * C ** 3, 2), (0.1, None, 1), (0.5, None, 3)):
         f, n = ge.torus_symbol_norms(q, H, W, theta=theta, budget=budget, chunk=chunk)
         f = f.numpy()
         assert np.all(f >= ref * (1 - 1e-13))
+        # the coefficients' error is added to every value (the norms' own guesses agree with ref to ~1e-15)
+        assert np.all(f >= (np.sqrt(ref) * (1 - 1e-13) + err_c) ** 2)
         assert np.all(f <= cheap * (1 + 1e-9) + 1e-10 * ref.max())  # + the coefficients' error
         assert np.array_equal(f, np.roll(np.flip(f, (0, 1)), (1, 1), (0, 1)))  # f(-w) = f(w)
         if budget is not None:
             assert n == 5
             continue
+        if theta > 0:  # a chunk starts above the rule: bound at pick (<= g) > sqrt(theta) s_max >= sqrt(theta) s_first
+            first = int(np.argmax(cheap[hi, hj]))
+            assert n <= int((cheap[hi, hj] * (1 + 1e-8) > theta * ref[hi, hj][first]).sum()) + chunk - 1
         if theta == 0.0:
             assert n == 18
             np.testing.assert_allclose(f, ref, rtol=1e-9, atol=1e-10 * ref.max())
         loose = f > ref * (1 + 1e-9) + 1e-10 * ref.max()
         assert np.all(f[loose] <= theta * ref.max() * (1 + 1e-6))
         assert f.max() <= ref.max() * (1 + 1e-9)
+
+
+def test_anchor_bounds_tighten_the_frequencies_that_are_not_anchors():
+    """Smooth kernels on an 8 x 8 grid (113 frequencies on half the torus), 10 anchors: the anchors' bounds bring more
+    than the 10 anchors themselves below the cheap bound, max f is the exact peak, and every value stays above the exact
+    norm (numpy SVDs)."""
+    rng = np.random.default_rng(11)
+    alpha, mu, _, WV, WO = random_layer(rng, 3, 2, 4, 1.0, 1.0)
+    sigma = rng.uniform(2.0, 4.0, mu.shape)
+    q = normalised(params(alpha, mu, sigma, WV, WO))
+    args = [np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)]
+    ref, cheap = torus_norms_sq(*args, 8, 8), cheap_bound_sq(*args, 8, 8)
+    f, n = ge.torus_symbol_norms(q, 8, 8, theta=0.0, budget=10 * q.dim ** 3, chunk=2)
+    f = f.numpy()
+    assert n == 10 and np.all(f >= ref * (1 - 1e-13))
+    tightened = int((f < cheap * (1 - 1e-6)).sum())  # both members of a pair (w, -w) count
+    assert tightened > 2 * n
+    assert cheap.max() > 4 * ref.max() and f.max() <= ref.max() * (1 + 1e-9)  # the peak found, where g is 4x off
 
 
 def test_envelope_coefficients_and_their_error_against_long_double():
