@@ -736,6 +736,36 @@ def test_no_retry_where_the_complement_holds_the_bound_up(monkeypatch):
     assert r.info["deflated"]["retried_from_k"] is None and r.info["deflated"]["k"] == 19 and exact <= r.upper
 
 
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("worse", ["guided", "plain"])
+def test_the_default_drops_the_guide_where_the_plain_basis_certifies_less(monkeypatch, worse):
+    """Where the guided deflated bound's gap is above RETRY_GAP, the default runs the same k without the guide and
+    keeps the smaller certified bound, and the retry takes the kept basis. One of the two is made worse here (its
+    bound raised by 5 %, which keeps it certified): the other is kept, and the result stays above the exact norm
+    (dense SVD built in the test)."""
+    import dataclasses
+    from lipcheck.bounds import lipschitz as lp
+    from lipcheck.bounds import ssog_lipschitz
+    calls = []
+    real = lp.deflated_bound
+
+    def wrapped(*a, guide=None, **kw):
+        b = real(*a, guide=guide, **kw)
+        calls.append((b.k, guide is not None))
+        if (guide is not None) == (worse == "guided"):
+            b = dataclasses.replace(b, upper=b.upper * 1.05, info=dict(b.info))
+        return b
+
+    monkeypatch.setattr(lp, "deflated_bound", wrapped)
+    layer, exact = _floor_layer_8x8()
+    r = ssog_lipschitz(layer, 8, 8, budget_s=0.5, exact_max=0)
+    d = r.info["deflated"]
+    assert calls[:2] == [(19, True), (19, False)]  # guided first; its gap is far above RETRY_GAP
+    assert d["guide_dropped"] == (worse == "guided")
+    assert calls[2] == (38, worse == "plain")  # the retry with the basis kept
+    assert exact <= r.upper and d["k"] == 38
+
+
 def test_retry_k_reads_the_sizes_alone():
     """2k where it fits (N <= RETRY_MAX_TOKENS, 2k <= N - 1, 2k C <= RETRY_KC budget^(1/3), GRAM_BUDGET), else None."""
     assert opts.retry_k(64, 64, 192, 3, 24) == 48

@@ -197,8 +197,10 @@ def deflated(run: _Run) -> Stage | None:
         db = deflated_bound(run.q, run.H, run.W, k=pl.deflation_k, complement=pl.complement,
                             envelope_budget=envelope_budget, max_rounds=pl.majorant_rounds, guide=guide,
                             cache=cache, **deadline)
+        db, guide = _unguided(run, db, guide, envelope_budget, cache)
         retried = _retry_deflated(run, db, guide, envelope_budget, cache)
         if retried is not None and retried.upper < db.upper:
+            retried.info["guide_dropped"] = db.info.get("guide_dropped", False)
             db = retried
     except ValueError as err:  # asked for: the refusal stands; chosen by the size rule: the next method serves
         if o.deflated:
@@ -208,7 +210,8 @@ def deflated(run: _Run) -> Stage | None:
         run.late("deflated")  # past the deadline now: its envelope's refinement may have been stopped; listed
     dval = coarse_up(db.upper)  # already scaled back by q.log2_scale, as the majorant's
     info = dict(value=dval, k=db.k, delta=db.delta, theorem=db.info.get("theorem"), gave_upper=dval < run.upper,
-                upper_from=db.info.get("upper_from"), retried_from_k=db.info.get("retried_from_k"))
+                upper_from=db.info.get("upper_from"), retried_from_k=db.info.get("retried_from_k"),
+                guide_dropped=db.info.get("guide_dropped", False))
     if db.info.get("theorem") == "D3":
         info.update(eps=db.eps, sigma=db.sigma)
     envelope = "circulant Gram envelope" if db.info.get("envelope") == "gram" else "majorant"
@@ -222,6 +225,28 @@ def deflated(run: _Run) -> Stage | None:
     return Stage(dval, method, info)
 
 
+def _above_gap(run: _Run, db) -> bool:
+    """Whether the deflated bound's certified gap to the guide's lower bound is above options.RETRY_GAP."""
+    lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
+    return lower > 0 and db.upper > lower * (1 + RETRY_GAP)
+
+
+def _unguided(run: _Run, db, guide, envelope_budget, cache):
+    """(the deflated bound, the guide the retry should use): the same k once more without the guide's token profiles
+    (`deflation_search.guided_basis`), where the guided bound's certified gap is above RETRY_GAP, and the smaller
+    certified bound kept. The guide puts T's top singular vector's profiles into U in place of R_f's top eigenvectors,
+    which can leave a larger leak: C = 384 init kernels at 64 x 64, k = 12: 0.88710 guided, 0.85327 without, lower
+    0.85311. Certified numbers and sizes decide, no clock; the envelope is the cache's."""
+    if guide is None or run.pl.complement != "gram" or not _above_gap(run, db) or run.late("deflated"):
+        return db, guide
+    plain = deflated_bound(run.q, run.H, run.W, k=db.k, complement="gram", envelope_budget=envelope_budget,
+                           cache=cache)
+    if plain.upper < db.upper:
+        plain.info["guide_dropped"] = True
+        return plain, None
+    return db, guide
+
+
 def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     """The size rule's deflated bound once more with twice its token functions (options.retry_k), where its certified
     gap to the guide's lower bound is above options.RETRY_GAP and its complement bound below RETRY_COMPLEMENT times
@@ -230,8 +255,7 @@ def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     o, pl = run.o, run.pl
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
     complement = db.info.get("complement")
-    if o.deflation_k is not None or pl.complement != "gram" or not lower > 0 or \
-            not db.upper > lower * (1 + RETRY_GAP) or complement is None or \
+    if o.deflation_k is not None or pl.complement != "gram" or not _above_gap(run, db) or complement is None or \
             not complement <= RETRY_COMPLEMENT * lower or run.late("deflated"):
         return None
     k2 = retry_k(run.H, run.W, run.q.dim, run.q.num_heads, db.k, scale=o.budget_s / DEFAULT_BUDGET_S)
