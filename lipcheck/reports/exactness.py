@@ -125,9 +125,10 @@ def commit_lines(rows: list[dict]) -> list[str]:
 def intro() -> list[str]:
     return ["# Exactness: the default certification at every ViT token grid", "",
             "Each row is one call `lipcheck.bounds.ssog_lipschitz(layer, H, W)` with no options (float64, the size "
-            "rule's plan: dense SVD where N C <= 4096, the deflated bound where it fits (retried once with twice its "
-            "token functions where its gap is above 1e-4 and its complement below 0.95 of the lower bound, up to "
-            "64x64), the Toeplitz majorant up to "
+            "rule's plan: dense SVD where N C <= 4096, the deflated bound where it fits (where its gap is above "
+            "1e-4: once more without the Lanczos guide's token profiles, the smaller kept, then retried once with "
+            "twice its token functions where its complement is below 0.95 of the lower bound, up to 64x64; its "
+            "Gram envelope anchored by branch and bound), the Toeplitz majorant up to "
             "64x64, the circulant embedding and closed forms always; the stage that gave `upper` in brackets). "
             "`lower` is an actual ||T v|| / ||v|| less its rounding, so the gap upper / lower - 1 is certified and "
             "bounds upper / exact - 1 from above. Target: gap <= 1e-4 up to 64x64 tokens, 1e-3 at 128x128. "
