@@ -175,6 +175,22 @@ def test_thread_default_is_every_core_for_the_full_size_presets():
     assert default_threads("tiny", "runs/x") == 1 and default_threads("ti", "runs/x") == 1
 
 
+def test_the_verdict_says_how_far_a_stopped_proof_reached():
+    """The enclosure-only verdict of a stopped run (as its saved JSON writes inf: the string 'inf') names the time
+    reached, not 'inf-inf'; with one image proven and one stopped, the proven one's ratio and the other's time."""
+    from lipcheck.commands.wellposed import verdict
+    stopped = {"proven": [False], "t": [0.0, 0.3, 0.628, 1.0], "radius": [[1e-6, 1e-5, 3.9e-4, "inf"]],
+               "ratio_t1": ["inf"]}
+    v = verdict({"enclosure": stopped}, enclosure_only=True)
+    assert v["status"] == "fails" and v["number"] == "Proven on [0, t1] for 0/1 image(s); proven to t = 0.628."
+    mixed = {"proven": [True, False], "t": [0.0, 0.5, 1.0], "radius": [[0, 1e-4, 2e-4], [0, 1e-4, "inf"]],
+             "ratio_t1": [1.5, "inf"]}
+    v = verdict({"enclosure": mixed}, enclosure_only=True)
+    assert v["status"] == "partial" and "inf" not in v["number"]
+    assert v["number"] == ("Proven on [0, t1] for 1/2 image(s), radius / actual error at t1 1.5-1.5; the others "
+                           "proven to t = 0.5.")
+
+
 def test_the_figure_title_says_how_far_a_stopped_proof_reached():
     """A run the budget stopped has ratio inf: the title gives the proven count and the time reached, not 'inf-inf'."""
     from lipcheck.reports.wellposed_enclosure import figure_title_result

@@ -224,10 +224,15 @@ def verdict(data: dict, *, enclosure_only: bool = False) -> dict:
     encs = data.get("enclosure") or []
     encs = [encs] if isinstance(encs, dict) else encs
     proven = [p for e in encs for p in e.get("proven", [])]
-    ratios = [r for e in encs for r in e.get("ratio_t1", []) if isinstance(r, (int, float))]
+    # finite ratios only: an image not proven to t1 has none (inf); where the proof stopped is said instead
+    ratios = [r for e in encs for r in e.get("ratio_t1") or [] if isinstance(r, (int, float)) and math.isfinite(r)]
     # an independent converged solve outside a proven radius would show the proof wrong: the verdict fails then
     outside = [e for e in encs if e.get("contained") is False]
     ratio = f", radius / actual error at t1 {min(ratios):.3g}-{max(ratios):.3g}" if ratios else ""
+    stopped = [e for e in encs if not all(e.get("proven", [])) and e.get("radius") and e.get("t")]
+    if stopped:
+        ratio += f"; the others proven to t = {min(map(wellposed_enclosure.proven_to, stopped)):.3g}" if ratios \
+            else f"; proven to t = {min(map(wellposed_enclosure.proven_to, stopped)):.3g}"
     statement = "S5, Picard-Lindelof on the SSoG Neural-ODE ViT (proven enclosure of the true trajectory"
     if enclosure_only:
         n = sum(proven)

@@ -37,13 +37,18 @@ def enclosure_figure(encs):
     return ("divergence_enclosure", fig)
 
 
+def proven_to(e) -> float:
+    """The earliest time, over the run's images, to which the enclosure reached (the last time of finite radius; a
+    saved JSON writes inf as the string 'inf')."""
+    return min(max((t for t, r in zip(e["t"], rs) if math.isfinite(float(r))), default=0.0) for rs in e["radius"])
+
+
 def figure_title_result(e) -> str:
     """What the title says of one run: the radius / actual range at t1 where every sample is proven (or the radius
     where no actual error was measured), else how far the proof reached."""
     if not all(e["proven"]):
-        reached = [max((t for t, r in zip(e["t"], rs) if math.isfinite(r)), default=0.0) for rs in e["radius"]]
         return (f"{sum(map(bool, e['proven']))}/{len(e['proven'])} proven on [0, t1]; "
-                f"proven to t = {min(reached):.3g}")
+                f"proven to t = {proven_to(e):.3g}")
     if e.get("ratio_t1"):
         return f"radius/actual at t1 {min(e['ratio_t1']):.3g}-{max(e['ratio_t1']):.3g}"
     return f"radius at t1 {max(e['radius_t1']):.3g} (no actual error at this size)"
