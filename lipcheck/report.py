@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import torch
@@ -148,8 +149,11 @@ def save_figure(fig, name: str, st: dict, docs: Path | None = None) -> Path:
     """Save a matplotlib figure to docs/figures/<name>.png with the stamp in its footer."""
     docs = Path(docs) if docs else docs_dir()
     # Hung below the figure's bottom edge (va="top" at y = 0): bbox_inches="tight" widens the saved area
-    # to include it, so the stamp can never overlap an axis label.
-    fig.text(0.005, -0.005, f"{st['command']} | {st['commit']} | torch {st['torch']} | {st['device']} | {st['date']}",
+    # to include it, so the stamp can never overlap an axis label. Wrapped to the figure's width (about 22
+    # characters per inch at 5 pt): a long command (a --merge of many files) would otherwise widen the saved image
+    # until the plots are a strip.
+    text = f"{st['command']} | {st['commit']} | torch {st['torch']} | {st['device']} | {st['date']}"
+    fig.text(0.005, -0.005, textwrap.fill(text, width=max(60, int(fig.get_figwidth() * 22)), break_on_hyphens=False),
              fontsize=5, color="0.4", ha="left", va="top")
     path = docs / "figures" / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)

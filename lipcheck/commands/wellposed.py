@@ -231,8 +231,8 @@ def verdict(data: dict, *, enclosure_only: bool = False) -> dict:
     ratio = f", radius / actual error at t1 {min(ratios):.3g}-{max(ratios):.3g}" if ratios else ""
     stopped = [e for e in encs if not all(e.get("proven", [])) and e.get("radius") and e.get("t")]
     if stopped:
-        ratio += f"; the others proven to t = {min(map(wellposed_enclosure.proven_to, stopped)):.3g}" if ratios \
-            else f"; proven to t = {min(map(wellposed_enclosure.proven_to, stopped)):.3g}"
+        reach = min(map(wellposed_enclosure.proven_to, stopped))
+        ratio += f"; {'the others ' if ratios else ''}proven to t = {reach:.3g}"
     statement = "S5, Picard-Lindelof on the SSoG Neural-ODE ViT (proven enclosure of the true trajectory"
     if enclosure_only:
         n = sum(proven)

@@ -164,11 +164,10 @@ class _Pair:
 def _distance(steps, coefs, ref_pieces, dtype):
     """((K, B) proven sup ||y(s) - y_ref(s)|| on every interval of the reference enclosure, (K, B, H, W, C) y at its
     times, (B,) proven ||y(t1) - y_ref(t1)|| at t1 itself). Each interval is cut at y's step ends; on each piece the
-    difference quartic's Bernstein coefficients
-    (from its values at 5 equispaced nodes, exact matrix M) bound its sup; pieces are halved while that bound
-    exceeds the largest node value by more than 1 %. Rounding of the nodes, the evaluations and M is added, and
-    each row includes the evaluation error of its centre fl(y(t)). The intervals of one reference step are
-    evaluated together (one polynomial evaluation per step of y they meet)."""
+    difference quartic's Bernstein coefficients (from its values at 5 equispaced nodes, exact matrix M) bound its
+    sup; pieces are halved while that bound exceeds the largest node value by more than 1 %. Rounding of the nodes,
+    the evaluations and M is added, and each row includes the evaluation error of its centre fl(y(t)). The intervals
+    of one reference step are evaluated together (one polynomial evaluation per step of y they meet)."""
     pair = _Pair(steps, coefs, ref_pieces["steps"], ref_pieces["coefs"], dtype)
     B = coefs[0].shape[1]
     spans = ref_pieces["spans"]
