@@ -1358,3 +1358,45 @@ def test_dense_top_singular_value_against_numpy_svd(m, n, rank, seed):
     want = float(np.linalg.svd(M, compute_uv=False)[0]) if min(m, n) else 0.0
     got = dense_top_singular_value(torch.tensor(M))
     assert got == pytest.approx(want, rel=1e-13, abs=1e-300)
+
+
+def test_probabilistic_run_stops_where_it_cannot_beat_the_deterministic_bound():
+    """Where the dense SVD (or Gram iteration) closes the upper bound, no planned check's Kuczynski-Wozniakowski
+    epsilon can bring the probabilistic bound below it, and a target gap of 1e-12 is below the margins: the run stops
+    once theta stalls (STALL), long before the step cap, with the lower bound already at the exact norm (numpy SVD
+    here); with the stall rule off (STALL = -1) it runs on (to 150 steps, where its verified theta meets the margin)."""
+    layer = random_layer(8, 2, 2, 2)
+    exact = ref_norm(layer, 8, 8)
+    kw = dict(max_steps=256, seed=3, target_gap=1e-12)
+    r = ssog_lipschitz(layer, 8, 8, **kw)
+    lz = r.info["lanczos"]
+    assert r.upper <= exact * (1 + 1e-9) and lz["stalled"] and lz["steps"] < 128, lz
+    assert math.sqrt(lz["theta"] / (1 - spectral.kw_epsilon(lz["n"], 256, 1e-6 / lz["schedule_size"]))) \
+        * 2.0 ** r.margins["log2_scale"] >= r.upper
+    assert r.lower <= exact <= r.upper and r.lower >= exact * (1 - 1e-9)
+    old = lipschitz.STALL
+    try:
+        lipschitz.STALL = -1.0
+        r2 = ssog_lipschitz(layer, 8, 8, **kw)
+    finally:
+        lipschitz.STALL = old
+    assert not r2.info["lanczos"]["stalled"] and r2.info["lanczos"]["steps"] >= 2 * lz["steps"]
+    assert r2.lower <= exact and r.lower >= r2.lower * (1 - 1e-9)
+
+
+def test_probabilistic_run_stops_at_once_where_the_symbol_start_meets_the_target():
+    """On a grid of many tokens the symbol start's lower bound is known before the random run; where the certified
+    upper bound (no dense SVD: exact_max=0) is already within target_gap of it, the random run stops at its first
+    planned check, and the result is the same sandwich around the dense SVD computed here (lower from the better of
+    the two runs, upper_probabilistic = upper), while the random run's own Ritz value is still far below."""
+    layer = random_layer(7, 2, 2, 1, log_sigma=(-1.0, 0.5))
+    kw = dict(seed=5, target_gap=1e-3, resolution_free=False, exact_max=0)
+    r = ssog_lipschitz(layer, 32, 32, **kw)
+    lz, sym = r.info["lanczos"], r.info["lanczos_symbol_start"]
+    assert r.exact is None and r.upper / sym["lower"] - 1 <= 0.9e-3  # the symbol start's lower meets the target
+    assert lz["steps"] == lipschitz.check_schedule(400)[0] and not lz["stalled"], lz
+    assert r.lower >= sym["lower"] and r.upper_probabilistic == r.upper
+    exact = ref_norm(layer, 32, 32)
+    assert_sandwich(r, exact)
+    # the random run's own Ritz value after 10 steps misses the target: the known lower bound stopped it
+    assert r.upper / math.ldexp(math.sqrt(lz["theta"]), r.margins["log2_scale"]) - 1 > 1e-3

@@ -300,3 +300,25 @@ def test_complement_choice_and_bad_input():
         ge.torus_symbol_norms(bad, 3, 3)
     with pytest.raises(ValueError, match="torus symbol norms"):  # finite norms whose squares overflow (unnormalised)
         ge.torus_symbol_norms(params(layer[0] * 1e200, *layer[1:]), 3, 3)
+
+
+def test_anchored_low_rank_path_at_extreme_scales():
+    """Beyond 32 x 32 (f alone: the anchored torus norms, Lanczos by FFT, the low-rank complement), alpha x 2^e
+    (exact in float64, |alpha| near 1e-298 and 1e298) with a budget of a few anchors, so the branch and bound stops
+    part way: the bound stays above the dense SVD of the unscaled layer times 2^e (written here), neither overflows
+    nor underflows, and scales exactly with alpha."""
+    rng = np.random.default_rng(5)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 1, 2.0, 2.5)
+    H, W = 34, 33
+    assert not ge.dense(H, W)
+    exact = float(np.linalg.norm(dense_T(alpha, mu, sigma, WV, WO, H, W), 2))
+    kw = dict(k=8, complement="gram", envelope_budget=40 * 2 ** 3)  # 40 anchors of C = 2 out of ~2244 frequencies
+    b0 = df.deflated_bound(params(alpha, mu, sigma, WV, WO), H, W, **kw)
+    for e in (0, -990, 990):
+        b = df.deflated_bound(params(alpha * 2.0 ** e, mu, sigma, WV, WO), H, W, **kw) if e else b0
+        assert b.info["envelope"] == "gram" and b.info.get("complement_method") == "low-rank", b.info
+        assert 0 < b.info["envelope_norms"] <= 40
+        assert math.isfinite(b.upper) and b.upper > 0
+        assert b.upper >= math.ldexp(exact, e) * (1 - 1e-12)
+        assert b.upper <= math.ldexp(exact, e) * 1.05  # still a useful bound at every scale
+        assert b.upper == pytest.approx(math.ldexp(b0.upper, e), rel=1e-12)
