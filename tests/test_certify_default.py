@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lipcheck
+import lipcheck.rounding
 from lipcheck.bounds import CertifyOptions, plan, ssog_lipschitz
 from lipcheck.bounds import deflation as df
 from lipcheck.bounds import lipschitz
@@ -258,3 +259,35 @@ def test_a_generous_deadline_leaves_the_deflated_bound_as_it_is():
     assert not free.method["deflated"].startswith("failed") and not timed.method["deflated"].startswith("failed")
     assert timed.info["deflated"]["value"] == pytest.approx(free.info["deflated"]["value"], rel=1e-14)
     assert timed.info["deflated"]["k"] == free.info["deflated"]["k"] and not timed.cut_short
+
+
+def test_a_deflated_bound_that_serves_needs_no_fallback_and_records_its_basis():
+    """Where the size rule's deflated bound gives the upper bound (the dense stages off), the Toeplitz majorant's
+    fallback does not run, the guide was kept (its gap is below RETRY_GAP, so no unguided retry), and the circulant
+    stage names its (2H-1) x (2W-1) grid; the sandwich holds around the layer's own forward pass."""
+    layer = layer_of(4, 2, 2, 3)
+    r = ssog_lipschitz(layer, 7, 5, seed=2, **NO_DENSE)
+    d = r.info["deflated"]
+    assert d["gave_upper"] and r.best_method == "deflated" and r.upper / r.lower - 1 <= lipschitz.RETRY_GAP
+    assert d["guide_dropped"] is False and d["retried_from_k"] is None
+    assert "majorant" not in r.method and "majorant" not in r.seconds and "majorant" not in r.info
+    assert "13x9 DFT grid" in r.method["circulant"]
+    exact = dense_norm(layer, 7, 5)
+    assert r.lower <= exact <= r.upper * (1 + 1e-12)
+
+
+def test_the_lanczos_lower_bound_subtracts_its_rounding():
+    """_lower_of: ||fl(T v)|| / ||v|| times (1 - gamma_{2n+4}) less the apply error (proofs/S2.md, 'Lower bound'),
+    computed here from the fast operator's own value, and below the ratio the layer's dense matrix gives."""
+    layer = layer_of(4, 2, 2, 5)
+    H, W = 6, 5
+    run = lipschitz._start(layer, H, W, CertifyOptions(), 0.0)
+    v = torch.randn(1, H, W, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    r = float(lipschitz.sp.apply_T(v, run.q).norm() / v.norm())
+    n = H * W * 4
+    want = max(0.0, r * (1 - lipcheck.rounding.gamma(2 * n + 4)) - run.apply_err)
+    assert lipschitz._lower_of(run, v) == want
+    with torch.no_grad():
+        b = layer(torch.zeros(1, H, W, 4, dtype=F64))
+        ratio = float((layer(v) - b).norm() / v.norm())
+    assert math.ldexp(want, run.q.log2_scale) <= ratio

@@ -322,3 +322,21 @@ def test_anchored_low_rank_path_at_extreme_scales():
         assert b.upper >= math.ldexp(exact, e) * (1 - 1e-12)
         assert b.upper <= math.ldexp(exact, e) * 1.05  # still a useful bound at every scale
         assert b.upper == pytest.approx(math.ldexp(b0.upper, e), rel=1e-12)
+
+
+def test_certified_top_and_the_envelope_refusal():
+    """certified_top is the Cholesky-verified lambda_max of the stored R plus the envelope's error, rounded up by
+    (1 + 2u) (proofs/S2.md, Lemma G1), and lies above the exact squared norm (numpy SVD of the dense operator); a NaN
+    in the kernels is refused, naming the parameter and the envelope."""
+    rng = np.random.default_rng(3)
+    alpha, mu, sigma, WV, WO = random_layer(rng, 2, 2, 2, 1.5, 2.0)
+    q = normalised(params(alpha, mu, sigma, WV, WO))
+    env = ge.gram_envelope(q, 5, 4)
+    u = rounding.unit_roundoff(torch.float64)
+    lam = float(rounding.verified_lambda_max(env.R, tries=20))
+    assert ge.certified_top(env) == (lam + env.err) * (1 + 2 * u)
+    T = dense_T(*(np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)), 5, 4)
+    assert ge.certified_top(env) >= float(np.linalg.norm(T, 2)) ** 2
+    bad = params(np.where(np.arange(alpha.size).reshape(alpha.shape) == 0, np.nan, alpha), mu, sigma, WV, WO)
+    with pytest.raises(ValueError, match="alpha has NaN/inf entries: the circulant Gram envelope is not certified"):
+        ge.gram_envelope(bad, 5, 4)
