@@ -62,3 +62,18 @@ def test_round_budgets_come_from_the_sizes():
     assert plan(64, 64, 384, 3).majorant_rounds == mj.planned_rounds(384)
     assert plan(64, 64, 384, 3, CertifyOptions(budget_s=30)).majorant_rounds == mj.planned_rounds(384, 0.5)
     assert mj.toeplitz_majorant.__kwdefaults__["time_budget"] is None  # no clock unless asked for
+
+
+def test_the_default_deflated_bound_is_the_same_on_a_busy_machine():
+    """The default plan beyond 32 x 32 (the deflated bound on the anchored torus norms, Lanczos by FFT, the low-rank
+    complement, then the Lanczos stopping rules) with a fixed seed: quiet and beside two CPU-bound processes, the
+    same certified upper and lower bounds, the same stopping steps and anchors."""
+    layer = small_layer(C=6, heads=3, seed=2)
+    kw = dict(seed=0, exact_max=0, gram_max=0, resolution_free=False)
+    quiet = ssog_lipschitz(layer, 33, 34, **kw)
+    assert quiet.best_method == "deflated" and quiet.info["deflated"]["envelope"] == "gram"
+    with spinners(2):
+        busy = ssog_lipschitz(layer, 33, 34, **kw)
+    assert (busy.upper, busy.lower, busy.upper_probabilistic) == (quiet.upper, quiet.lower, quiet.upper_probabilistic)
+    assert busy.info["lanczos"]["steps"] == quiet.info["lanczos"]["steps"] and not busy.cut_short
+    assert busy.info["deflated"] == quiet.info["deflated"]
