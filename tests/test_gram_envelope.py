@@ -346,24 +346,12 @@ def test_certified_top_and_the_envelope_refusal():
 def test_anchored_low_rank_path_at_the_sigma_floor():
     """Every sigma just above the floor (each kernel a shift of the grid by round(mu): a flat symbol, the anchors'
     hardest case) beyond 32 x 32: the deflated bound on the anchored torus norms and the low-rank complement stays
-    above the exact norm of the dense layer written here (numpy SVD, taps from the definition), within 5% with k = 8."""
+    above the exact norm of the dense layer written here (numpy SVD of test_majorant.dense_T), within 5% with k = 8."""
     rng = np.random.default_rng(8)
     alpha, mu, _, WV, WO = random_layer(rng, 2, 2, 1, 3.0, 1.0)
     sigma = np.full(mu.shape, SIGMA_FLOOR * (1 + 1e-9))
     H, W = 33, 34
-    def stable_axis(n, m_, s_):  # the definition's taps with the largest exponent taken out (the plain sum underflows)
-        j = np.arange(math.floor(m_) - 80, math.ceil(m_) + 81)
-        e = -(j - m_) ** 2 / (2 * s_ ** 2)
-        d = np.arange(n)[:, None] - np.arange(n)[None, :]
-        return np.exp(-(d - m_) ** 2 / (2 * s_ ** 2) - e.max()) / np.exp(e - e.max()).sum()
-
-    C, T = WV.shape[0], 0.0
-    for i in range(2):
-        K = sum(alpha[i, m] * np.kron(stable_axis(H, mu[i, m, 0], sigma[i, m, 0]),
-                                      stable_axis(W, mu[i, m, 1], sigma[i, m, 1])) for m in range(2))
-        T = T + np.kron(K, np.outer(WV[:, i], WO[i, :]).T)  # one channel per head: P_h = W_V[:, h] W_O[h, :]
-    assert np.isfinite(T).all() and T.shape == (H * W * C, H * W * C)
-    exact = float(np.linalg.norm(T, 2))
+    exact = float(np.linalg.norm(dense_T(alpha, mu, sigma, WV, WO, H, W), 2))
     b = df.deflated_bound(params(alpha, mu, sigma, WV, WO), H, W, k=8, complement="gram",
                           envelope_budget=40 * 2 ** 3)
     assert b.info.get("complement_method") == "low-rank" and 0 < b.info["envelope_norms"] <= 40

@@ -15,10 +15,12 @@ FAST = dict(max_rounds=6, time_budget=20.0)
 
 
 def taps(k, mu, sigma):
-    """g(k; mu, sigma) = exp(-(k - mu)^2 / (2 sigma^2)) / sum_j exp(-(j - mu)^2 / (2 sigma^2)), from scratch."""
+    """g(k; mu, sigma) = exp(-(k - mu)^2 / (2 sigma^2)) / sum_j exp(-(j - mu)^2 / (2 sigma^2)), from scratch, with the
+    largest exponent taken out of both (at the sigma floor every plain term underflows to 0)."""
     j = np.arange(math.floor(mu) - 80 - int(12 * sigma), math.ceil(mu) + 81 + int(12 * sigma))
-    z = np.exp(-(j - mu) ** 2 / (2 * sigma ** 2)).sum()
-    return np.exp(-(np.asarray(k, dtype=float) - mu) ** 2 / (2 * sigma ** 2)) / z
+    e = -(j - mu) ** 2 / (2 * sigma ** 2)
+    z = np.exp(e - e.max()).sum()
+    return np.exp(-(np.asarray(k, dtype=float) - mu) ** 2 / (2 * sigma ** 2) - e.max()) / z
 
 
 def axis(n, mu, sigma):

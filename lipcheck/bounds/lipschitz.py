@@ -82,15 +82,15 @@ def check_schedule(steps_cap: int) -> list[int]:
     return sorted(set(range(sp.CHECK_EVERY, steps_cap + 1, sp.CHECK_EVERY)) | {steps_cap})
 
 
-# the order in which equal certified values name the winner: the most direct certificate first
 # the deflated bound's guide below the symbol-start grids: Lanczos steps from a Gaussian start of this seed (a Ritz
 # vector after 40 steps already puts T's top singular vector nearly inside U: C = 192 frozen at 64 x 64, k = 24, half
 # of them its token profiles, left Theorem D4 2.2e-7 above ||T|| instead of 3.5e-4)
 GUIDE_STEPS = 40
+GUIDE_SEED = 0
 # the probabilistic Lanczos run stops where its bound cannot beat the deterministic one by the last planned check and
 # theta grew by at most STALL x target_gap (relative) since the check before (the lower bound moved by half that)
 STALL = 1e-3
-GUIDE_SEED = 0
+# the order in which equal certified values name the winner: the most direct certificate first
 _WINNER_ORDER = ("exact", "gram", "deflated", "majorant", "circulant", "resolution_free", "closed_form")
 
 
