@@ -80,14 +80,19 @@ def test_the_size_rule_is_units_of_work():
     p = plan(16, 16, 96, 3)
     assert p.deflated and p.deflation_k == 48 and p.complement == "gram" and not p.majorant and not p.exact
     assert plan(20, 12, 128, 8).deflation_k == 36  # k C near 4608, and 8^4 (k C)^2 <= GRAM_BUDGET
-    assert df.gram_affordable(8, 38, 128) and not df.gram_affordable(8, 39, 128)
-    assert plan(20, 12, 128, 12).deflation_k == 17  # 12^4 (k C)^2 <= GRAM_BUDGET binds before k C = 4608
+    # X term by term while 8^4 (k C)^2 <= GRAM_BUDGET, then through the heads' rank (8 heads of 16 channels)
+    assert df.x_route(8, 38, 128) == "kron" and df.x_route(8, 39, 128) == "heads"
+    assert plan(20, 12, 128, 12).deflation_k == 17  # 12 heads do not divide C = 128: 12^4 (k C)^2 <= GRAM_BUDGET binds
     p = plan(64, 64, 192, 3)
     assert p.deflated and p.deflation_k == 24 and p.complement == "gram" and not p.majorant
     assert plan(128, 128, 384, 3).deflation_k == 12
-    p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit: Theorem D3's 12^2, k C = 4608
-    assert p.deflated and p.deflation_k == 6 and not p.majorant and p.rf_max_rounds == 11
-    assert df.d3_affordable(12, 6, 768) and not df.gram_affordable(12, 6, 768)
+    p = plan(14, 14, 768, 12)  # X's 12^4 channel products (98 GB) do not fit; through the heads' rank 64 they do
+    assert p.deflated and p.deflation_k == 10 and not p.majorant and p.rf_max_rounds == 11
+    assert df.x_route(12, 10, 768) == "heads" and df.x_route(12, 10, 768, budget=1e10) is None
+    # with a tenth of the budget neither X (12^4 r^3 cores alone exceed it) nor Theorem D3 (12^2 C^3) fits
+    p = plan(14, 14, 768, 12, CertifyOptions(budget_s=6.0))
+    assert not p.deflated and p.majorant and "GRAM_BUDGET * 0.1" in p.rule
+    assert not df.gram_affordable(12, 1, 768, 1e10) and not df.d3_affordable(12, 1, 768, 1e10)
     assert plan(16, 16, 96, 3).rf_max_rounds == 200
     p = plan(129, 129, 8, 1)  # half the torus beyond MAX_TORUS_FREQUENCIES, and N > 4096
     assert not p.deflated and not p.majorant and "circulant" in p.rule

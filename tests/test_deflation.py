@@ -775,7 +775,8 @@ def test_retry_k_reads_the_sizes_alone():
     assert opts.retry_k(4, 4, 48, 3, 8) is None and opts.retry_k(4, 4, 48, 3, 7) == 14  # at most N - 1 = 15
     assert opts.retry_k(8, 8, 48, 3, 19, scale=0.5 / 60) == 38
     assert opts.retry_k(8, 8, 48, 3, 19, scale=0.1 / 60) is None  # 2k C = 1824 > 9216 (1/600)^(1/3) = 1093
-    assert opts.retry_k(14, 14, 768, 12, 6) is None  # h^4 (2k C)^2 beyond GRAM_BUDGET
+    assert opts.retry_k(14, 14, 768, 12, 6) == 12  # X through the heads' rank fits GRAM_BUDGET at 12 heads
+    assert opts.retry_k(14, 14, 768, 12, 6, scale=0.1) is None  # neither route of X within a tenth of it
     assert opts.retry_k(8, 8, 48, 3, 0) is None
     # the default scale is the default budget's: 2k C = 9312 is just past RETRY_KC = 9216, twice the budget admits it
     assert opts.retry_k(16, 16, 48, 3, 96) == 192 and opts.retry_k(16, 16, 48, 3, 97) is None

@@ -277,7 +277,9 @@ def test_complement_choice_and_bad_input():
     assert df.default_k_gram(4, 1) == 3
     assert df.choose_complement(14, 14, 384, 6) == "gram" and df.choose_complement(32, 32, 384, 6) == "gram"
     assert df.choose_complement(64, 64, 48, 3) == "gram" and df.choose_complement(129, 129, 48, 3) == "majorant"
-    assert df.choose_complement(14, 14, 384, 6, k=24) == "majorant"  # 6^4 (24 * 384)^2 > GRAM_BUDGET
+    # 6^4 (24 * 384)^2 > GRAM_BUDGET, but X through the heads' rank 64 fits; at k = 100 neither route does
+    assert df.choose_complement(14, 14, 384, 6, k=24) == "gram" and df.x_route(6, 24, 384) == "heads"
+    assert df.choose_complement(14, 14, 384, 6, k=100) == "majorant"
     rng = np.random.default_rng(1)
     layer = random_layer(rng, 2, 2, 2, 1.0, 2.0)
     p = params(*layer)

@@ -26,8 +26,8 @@ delta I + c Q Q^T) and ell2 >= ||Pi T Pi^perp||^2 (Lemma D2), and for x = a + b
     x^T M x <= a^T (M11 + X / g) a + (m22 + g) ||b||^2,   M11 = Pi M Pi,  X = Pi M Pi^perp M Pi,  any g > 0,
 
 so ||T||^2 <= max(lambda_max(M11 + X / g), m22 + g): the coupling enters through X, second order in the part of the
-top eigenvector outside U (0.43 % at that 32 x 32 layer, k = 12, docs/exactness.md). X has h^4 Kronecker terms; beyond GRAM_BUDGET
-(12 heads) Theorem D3 is used. The phases inside U are kept exactly. Every matrix is formed in float64 with an
+top eigenvector outside U (0.43 % at that 32 x 32 layer, k = 12, docs/exactness.md). X has h^4 Kronecker terms, formed term by
+term or through the heads' rank (lipcheck.bounds.gram_heads); where neither fits GRAM_BUDGET Theorem D3 is used. The phases inside U are kept exactly. Every matrix is formed in float64 with an
 error bound in spectral norm (`_Approx`), the definiteness checked by a floating-point Cholesky factorisation with
 Rump's shift (rounding.cholesky_certifies), and Q's departure from orthonormality is part of the error.
 """
@@ -41,6 +41,7 @@ import torch
 
 from .. import gaussian, rounding
 from . import gram_envelope as ge
+from . import gram_heads as gh
 from . import gram_lowrank as gl
 from . import majorant as mj
 from . import spectral as sp
@@ -262,7 +263,8 @@ def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float,
     function, channel), M = T^T T: M11 = Pi M Pi = sum_{h,g} (Q^T K_h^T K_g Q) kron (P_h P_g^T), X the Gram matrix of
     alpha -> Pi^perp M a = sum_{(h,g),(h',g')} (W_hg^T W_h'g') kron (F_hg F_h'g'^T) with W_hg = (I - Q Q^T) K_h^T K_g Q,
     F_hg = P_g P_h^T, and GB as in `block_matrices` (proofs/S2.md, 'Theorem D4'; None unless with_GB: only Lemma D2
-    reads it). X has h^4 terms."""
+    reads it). X has h^4 terms: formed term by term, or through the heads' rank where `x_route` says so
+    (lipcheck.bounds.gram_heads)."""
     f = kernel_factors(q, H, W)
     blocks, _ = token_blocks(q, H, W, Q, eta, factors=f)
     Qa = _Approx(Q, eta)
@@ -274,6 +276,8 @@ def gram_matrices(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float,
     M11 = _gram_kron(KQ, pp)
     GB = _gram_kron([blocks[h]["Kt"][1] for h in hh], _pairwise(P, P, tX=True)) if with_GB else None  # P_h^T P_g
     Wm = [_deflect(Qa, apply_kernel(f[h], KQ[g], transpose=True)) for h, g in pairs]
+    if x_route(q.num_heads, Q.shape[1], q.dim) == "heads":
+        return M11, gh.coupling_gram(q, Wm), GB
     F = [pp[g][h] for h, g in pairs]  # P_g P_h^T
     X = _gram_kron(Wm, _pairwise(F, F, tY=True))
     return M11, X, GB
@@ -339,15 +343,25 @@ def certify_gram(M11: _Approx, X: _Approx, GB: _Approx, delta: float, c: float, 
     return tau, est, dict(m22=m22, ell2=ell2, g=g)
 
 
-# Theorem D4's X has h^4 Kronecker terms of (k C)^2 entries: up to this many multiply-adds it is built; beyond (12
-# heads), Theorem D3's h^2 terms serve. Measured on 2 quiet cores: 8 heads at k C = 4608 (8.7e10) certified a
-# held-out 12x12 C = 128 layer to a gap of 9.5e-4 in 15.5 s, where 3e10 (k C = 2688) left 2.7e-3
+# Theorem D4's X is built up to this many multiply-adds (either route, `x_route`); beyond, Theorem D3's h^2 terms
+# serve. Measured on 2 quiet cores: 8 heads at k C = 4608 (8.7e10 term by term) certified a held-out 12x12 C = 128
+# layer to a gap of 9.5e-4 in 15.5 s, where 3e10 (k C = 2688) left 2.7e-3
 GRAM_BUDGET = 1e11
 
 
-def gram_affordable(heads: int, k: int, C: int) -> bool:
-    """Whether Theorem D4's matrices fit GRAM_BUDGET (else Theorem D3 is used)."""
-    return heads ** 4 * float(k * C) ** 2 <= GRAM_BUDGET
+def x_route(heads: int, k: int, C: int, budget: float | None = None) -> str | None:
+    """How Theorem D4's X fits the budget (default GRAM_BUDGET): 'kron' (h^4 (k C)^2 and h^4 C^3 multiply-adds each
+    within it), else 'heads' (through the heads' rank, gram_heads.work), else None."""
+    budget = GRAM_BUDGET if budget is None else budget
+    if heads ** 4 * float(k * C) ** 2 <= budget and heads ** 4 * float(C) ** 3 <= budget:
+        return "kron"
+    if C % heads == 0 and gh.work(heads, k, C) <= budget:
+        return "heads"
+    return None
+
+
+def gram_affordable(heads: int, k: int, C: int, budget: float | None = None) -> bool:
+    return x_route(heads, k, C, budget) is not None  # Theorem D4 fits (else Theorem D3 is used)
 
 
 def default_k(N: int, C: int) -> int:
@@ -369,8 +383,8 @@ LOWRANK_MAX_K = 512
 def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     """Token functions for the default certification's deflated bound (complement 'gram'), from the sizes alone:
     default_k_gram's k C near 4608 (times scale^(1/3): the k C x k C checks cost (k C)^3), lowered until Theorem D4's
-    h^4 Kronecker terms fit GRAM_BUDGET * min(scale, 1). Where X's h^4 channel products (h^4 C^3) exceed that budget
-    (12 heads at C = 768), Theorem D3's h^2 terms serve instead (`d3_affordable`). 0 where the Gram envelope does not
+    X fits GRAM_BUDGET * min(scale, 1) by one of its routes (`x_route`); where neither fits at any k >= 1,
+    Theorem D3's h^2 terms serve instead (`d3_affordable`). 0 where the Gram envelope does not
     fit (gram_envelope.affordable) or no k >= 1 fits; at most LOWRANK_MAX_K beyond 32 x 32 (the low-rank path's
     Lanczos). scale: the time budget over the 60 s these constants were sized for (on 2 cores)."""
     if not ge.affordable(H, W) or H * W < 2:
@@ -380,16 +394,13 @@ def planned_k(H: int, W: int, C: int, heads: int, *, scale: float = 1.0) -> int:
     k = min(max(10, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), N - 1)
     if not ge.dense(H, W):  # Lanczos for k eigenvectors of R_f beyond 32 x 32: k near N is a full eigensolve the slow
         k = min(k, LOWRANK_MAX_K)  # way (C = 2 at 60 x 60: k = 2304, 77 s; capped, it changes C <= 8 only)
-    # X's channel factors: h^4 products of C x C matrices (h^4 C^3 multiply-adds, h^4 C^2 numbers held at once:
-    # 98 GB at 12 heads, C = 768), whatever k
-    if heads ** 4 * float(C) ** 3 > g:
-        # Theorem D3: heads^2 (k C)^2 <= g, and its 2 k C x 2 k C check near 9216 (no floor of 10 token functions)
-        k = min(k, max(1, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), int(math.sqrt(g / heads ** 2) / C))
-        while k >= 1 and not d3_affordable(heads, k, C, g):
-            k -= 1
-        return max(k, 0)
-    k = min(k, int(math.sqrt(g / heads ** 4) / C))  # heads^4 (k C)^2 <= g
-    while k >= 1 and heads ** 4 * float(k * C) ** 2 > g:  # the square root's rounding
+    # Theorem D4 with the largest k whose X fits (`x_route`: term by term, or through the heads' rank)
+    kd = next((j for j in range(k, 0, -1) if gram_affordable(heads, j, C, g)), 0)
+    if kd >= 1:
+        return kd
+    # Theorem D3: heads^2 (k C)^2 <= g, and its 2 k C x 2 k C check near 9216 (no floor of 10 token functions)
+    k = min(k, max(1, int(4608 * scale ** (1 / 3)) // max(int(C), 1)), int(math.sqrt(g / heads ** 2) / C))
+    while k >= 1 and not d3_affordable(heads, k, C, g):
         k -= 1
     return max(k, 0)
 
@@ -536,8 +547,8 @@ def _gram_deflated(q: sp.SSoGParams, H: int, W: int, k: int, t0: float, *,
 
 
 def _gram_d3(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, m22: float):
-    """(tau, estimate, info) by Theorem D3 with delta = sqrt(m22) rounded up: h^2 Kronecker terms where Theorem D4's
-    h^4 do not fit (12 heads at C = 768)."""
+    """(tau, estimate, info) by Theorem D3 with delta = sqrt(m22) rounded up: h^2 Kronecker terms where neither of
+    Theorem D4's routes to X fits."""
     A, GC, GB = block_matrices(q, H, W, Q, eta)
     # sqrt rounds by at most u relative: _up's factor 1 + 1e-12 covers it
     delta = _up(math.sqrt(m22))

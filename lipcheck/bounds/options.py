@@ -55,7 +55,7 @@ def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -
     k2 = 2 * int(k)
     if k < 1 or k2 > H * W - 1 or k2 * C > RETRY_KC * scale ** (1 / 3) or H * W > RETRY_MAX_TOKENS:
         return None
-    if not gram_affordable(heads, k2, C) or heads ** 4 * float(k2 * C) ** 2 > deflation.GRAM_BUDGET * min(scale, 1.0):
+    if not gram_affordable(heads, k2, C, deflation.GRAM_BUDGET * min(scale, 1.0)):
         return None
     if not dense(H, W) and k2 > LOWRANK_MAX_K:
         return None
