@@ -191,6 +191,43 @@ def test_anchor_bounds_tighten_the_frequencies_that_are_not_anchors():
     assert cheap.max() > 4 * ref.max() and f.max() <= ref.max() * (1 + 1e-9)  # the peak found, where g is 4x off
 
 
+def test_torus_norms_from_the_circulant_stage_anchors():
+    """A SymbolNorm that already holds the circulant embedding's anchors (at these very torus frequencies) seeds f:
+    those frequencies are exact at once and never anchored again (the budget counts new anchors only), every value
+    stays >= the exact norm (numpy SVDs) and <= the cheap bound; a SymbolNorm of another layer is refused."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(5)
+    alpha, mu, _, WV, WO = random_layer(rng, 3, 2, 4, 1.0, 1.0)
+    sigma = rng.uniform(0.4, 2.0, mu.shape)
+    q = normalised(params(alpha, mu, sigma, WV, WO))
+    args = [np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)]
+    H, W = 5, 6
+    half = (2 * H - 1) * (2 * W - 1) // 2 + 1
+    ref = torus_norms_sq(*args, H, W)
+
+    def circulant_anchors():
+        sn = sp.SymbolNorm(q)
+        sp.circulant_bound(q, H, W, sn=sn, rtol=1e-9)
+        return sn, sn.all_anchors()["c"].shape[0]
+
+    sn, A = circulant_anchors()
+    assert 1 <= A < half
+    f, n = ge.torus_symbol_norms(q, H, W, theta=0.0, sn=sn)
+    assert n == half - A  # every other frequency anchored once; none of the circulant's again
+    np.testing.assert_allclose(f.numpy(), ref, rtol=1e-9, atol=1e-10 * ref.max())
+    assert np.all(f.numpy() >= ref * (1 - 1e-13))
+    sn, _ = circulant_anchors()
+    f1, n1 = ge.torus_symbol_norms(q, H, W, theta=0.0, budget=2 * q.dim ** 3, chunk=1, sn=sn)
+    cheap = cheap_bound_sq(*args, H, W)
+    f1 = f1.numpy()
+    exact = np.isclose(f1, ref, rtol=1e-9, atol=1e-10 * ref.max())
+    assert n1 == 2 and np.all(f1 >= ref * (1 - 1e-13)) and np.all(f1 <= cheap * (1 + 1e-9) + 1e-10 * ref.max())
+    assert exact.sum() >= 2 * A - 1  # the circulant's anchors and their mirrors (w = 0 is its own)
+    other = normalised(params(alpha * 3, mu, sigma, WV, WO))
+    with pytest.raises(ValueError, match="other parameters"):
+        ge.torus_symbol_norms(other, H, W, sn=sn)
+
+
 def test_envelope_coefficients_and_their_error_against_long_double():
     """torus_toeplitz_coefficients: every t[D] within e_r of r(D) evaluated in long double here, e_r as documented
     (relative rel = 2 (2e + e^2) + 2 g (1 + e)^2 + 4u (1 + e)^2 (1 + g) with e = trig_error, g = gamma_{L1+L2+2}),

@@ -436,7 +436,8 @@ def deflated_bound(p: sp.SSoGParams, H: int, W: int, *, k: int | None = None, ti
     machine's speed or load; a time_budget that stops it early is reported by the envelope (cut_short). envelope: (T_N, error, majorant result) from
     `envelope_toeplitz` to reuse across calls. envelope_budget: the circulant Gram envelope's budget for certified norms
     (gram_envelope.ENVELOPE_BUDGET by default). cache: a dict shared by calls on the same layer, grid and
-    envelope_budget that differ in k ('gram' only): the envelope is computed once."""
+    envelope_budget that differ in k ('gram' only): the envelope is computed once; cache['symbol_norm'], a
+    SymbolNorm on normalised(p) with anchors already made, seeds the envelope's norms."""
     sp._check_grid_size(H, W)
     t0 = time.perf_counter()
     q = sp.normalised(p)
@@ -571,7 +572,7 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
     cache = {} if cache is None else cache
     if ge.dense(H, W):
         if "dense" not in cache:
-            env = ge.gram_envelope(q, H, W, budget=envelope_budget)
+            env = ge.gram_envelope(q, H, W, budget=envelope_budget, sn=cache.get("symbol_norm"))
             cache["dense"] = (env, ge.certified_top(env), eigh_descending(env.R))
         env, tau_R, eig = cache["dense"]
         ev, Q = top_eigenvectors(env.R, k, eig=eig)
@@ -586,7 +587,7 @@ def _gram_complement(q: sp.SSoGParams, H: int, W: int, k: int, envelope_budget: 
                                                  guide_profiles=r)
     t0 = time.perf_counter()
     if "lowrank" not in cache:
-        f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget)
+        f, norms = ge.torus_symbol_norms(q, H, W, budget=envelope_budget, sn=cache.get("symbol_norm"))
         cache["lowrank"] = (f, norms, gl.envelope_top(f, H, W))
     f, norms, (tau_R, top_level, top_columns) = cache["lowrank"]
     ev, Q = gl.top_vectors(f, H, W, k)

@@ -98,7 +98,7 @@ def trig_error(u: float) -> float:
 
 
 def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, theta: float | None = None,
-                       budget: float | None = None) -> tuple[torch.Tensor, int]:
+                       budget: float | None = None, sn: sp.SymbolNorm | None = None) -> tuple[torch.Tensor, int]:
     """(f (L1, L2), the number of anchors): f(w) >= ||S_L(w)||^2 at every torus frequency w = (2 pi a / L1, 2 pi b /
     L2), S_L the symbol of the kernels truncated to the box's offsets (sp.truncated_symbols, error
     sp.truncated_symbol_error), on half the torus; the mirror frequency (-a mod L1, -b mod L2) takes the same value
@@ -113,7 +113,11 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     (every value is a minimum of upper bounds): the rule only decides where looser bounds stand, and <= theta max f
     there costs little, for R_f's top eigenvalues follow f's largest values (proofs/S2.md, 'Circulant Gram
     envelope', (i)). Anchoring where the bound is largest, not where g is (as certified norms in g's order did),
-    finds the peak of f where g misjudges it: C = 384 init kernels at 128 x 128, max f 382324 -> 193569."""
+    finds the peak of f where g misjudges it: C = 384 init kernels at 128 x 128, max f 382324 -> 193569.
+
+    sn: a SymbolNorm on the same q that already holds anchors (the circulant embedding's sit at these very
+    frequencies): every frequency starts from the smaller of g and their bounds, a frequency that is one of them
+    is not anchored again, and the budget counts new anchors only."""
     theta = THETA if theta is None else float(theta)
     budget = ENVELOPE_BUDGET if budget is None else float(budget)
     c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
@@ -121,15 +125,19 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     dev = c.device
     idx, mirror = torus_pairs(L1, L2, dev)
     keep = idx <= mirror  # one of each pair (w, -w); the self-mirrored ones once
-    sn = sp.SymbolNorm(q)
+    if sn is None:
+        sn = sp.SymbolNorm(q)
+    elif not all(torch.equal(getattr(sn.p, n), getattr(q, n)) for n in ("alpha", "mu", "sigma", "WV", "WO")):
+        raise ValueError("the SymbolNorm passed was built on other parameters (another layer or scale): its anchors "
+                         "do not bound this symbol; pass one built on normalised(p)")
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
     ck = c.reshape(-1, q.num_heads)[keep]
-    s = sp._no_nan(sn.cheap(ck), "torus symbol norms")
-    open_ = torch.ones_like(s, dtype=torch.bool)  # not yet an anchor
+    s = sp._no_nan(sn.bound(ck), "torus symbol norms")  # the cheap bound, or the anchors' already made
+    open_, best = _not_anchored(sn, ck)
     most = max(1, int(budget // float(q.dim) ** 3))
-    best, done = 0.0, 0
+    done = 0
     level = math.sqrt(theta)  # g^2 <= theta best^2, compared unsquared (no overflow)
-    while done < min(most, s.numel()):
+    while done < min(most, s.numel()) and bool(open_.any()):
         rest = torch.where(open_, s, torch.full_like(s, -math.inf))
         pick = torch.topk(rest, min(chunk, most - done, int(open_.sum()))).indices
         if float(s[pick[0]]) <= level * best:
@@ -154,6 +162,21 @@ def torus_symbol_norms(q: sp.SSoGParams, H: int, W: int, *, chunk: int = 32, the
     out[idx[keep]] = f
     out[mirror[keep]] = f
     return out.reshape(L1, L2), done
+
+
+def _not_anchored(sn: sp.SymbolNorm, ck: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, float]:
+    """(mask of the coefficient vectors ck (n, h) that are not exactly one of sn's anchors, the largest anchor value
+    s1 among those that are, 0.0 where none): where to anchor, and the stopping rule's start."""
+    open_ = torch.ones(ck.shape[0], dtype=torch.bool, device=ck.device)
+    an = sn.all_anchors()
+    if an is None:
+        return open_, 0.0
+    used = torch.zeros(an["c"].shape[0], dtype=torch.bool, device=ck.device)
+    for i in range(0, ck.shape[0], chunk):
+        eq = (ck[i:i + chunk].to(sn.cdt)[:, None, :] - an["c"][None]).abs().amax(-1) == 0
+        open_[i:i + chunk] = ~eq.any(1)
+        used |= eq.any(0)
+    return open_, float(an["s1"][used].max()) if bool(used.any()) else 0.0
 
 
 def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, float]:
@@ -186,16 +209,16 @@ def torus_toeplitz_coefficients(f: torch.Tensor, H: int, W: int) -> tuple[torch.
 
 
 def gram_envelope(q: sp.SSoGParams, H: int, W: int, *, theta: float | None = None,
-                  budget: float | None = None) -> GramEnvelope:
+                  budget: float | None = None, sn: sp.SymbolNorm | None = None) -> GramEnvelope:
     """R_f for f = torus_symbol_norms (normalised parameters q, float64; theta, budget: its stopping rule, default
-    THETA and ENVELOPE_BUDGET): the stored matrix T_N(t) of torus_toeplitz_coefficients differs from R_f by a
+    THETA and ENVELOPE_BUDGET; sn: anchors already made on q): the stored matrix T_N(t) of torus_toeplitz_coefficients differs from R_f by a
     two-level Toeplitz matrix with entries <= e_r, so by <= N e_r in norm (every row holds N of them)."""
     if q.WV.dtype != torch.float64:
         raise ValueError("the circulant Gram envelope is certified in float64 only: pass ssog_params(layer) in float64")
     sp._check_grid_size(H, W)
     sp.require_finite(q, "circulant Gram envelope")
     t0 = time.perf_counter()
-    f, norms = torus_symbol_norms(q, H, W, theta=theta, budget=budget)
+    f, norms = torus_symbol_norms(q, H, W, theta=theta, budget=budget, sn=sn)
     t, e_r = torus_toeplitz_coefficients(f, H, W)
     sp._no_nan(t, "circulant Gram envelope coefficients")
     R = dense_toeplitz(t, H, W)

@@ -118,6 +118,7 @@ class _Run:
     cut: list = dataclasses.field(default_factory=list)
     dense: torch.Tensor | None = None
     circ: sp.SymbolMax | None = None
+    circ_sn: sp.SymbolNorm | None = None
     exact: float | None = None
     exact_reason: str | None = None
     guide: torch.Tensor | None = None  # a Lanczos Ritz vector (normalised units), shared by the deflated bound
@@ -169,7 +170,8 @@ def resolution_free(run: _Run) -> Stage:
 
 def circulant(run: _Run) -> Stage:
     H, W = run.H, run.W
-    circ = run.circ = sp.circulant_bound(run.q, H, W, sn=sp.SymbolNorm(run.q), rtol=run.o.circulant_rtol)
+    run.circ_sn = sp.SymbolNorm(run.q)  # its anchors sit at the torus frequencies the Gram envelope reads
+    circ = run.circ = sp.circulant_bound(run.q, H, W, sn=run.circ_sn, rtol=run.o.circulant_rtol)
     return Stage(circ.upper, f"block-circulant embedding, certified max over the {2 * H - 1}x{2 * W - 1} DFT grid",
                  dict(lower=circ.lower, argmax=circ.argmax, svds=circ.num_svd, points=circ.num_points))
 
@@ -195,7 +197,8 @@ def deflated(run: _Run) -> Stage | None:
     # the majorant's envelope (complement 'majorant') refines for the plan's rounds, stopped by nothing but a deadline
     deadline = dict(time_budget=max(0.0, run.seconds_left()) if o.deadline_s is not None else None)
     guide = _guide(run) if pl.complement == "gram" else None
-    cache = {}  # the envelope, computed once for the call and its retry
+    # the envelope, computed once for the call and its retry, from the circulant stage's anchors on
+    cache = {} if run.circ_sn is None else dict(symbol_norm=run.circ_sn)
     try:
         db = deflated_bound(run.q, run.H, run.W, k=pl.deflation_k, complement=pl.complement,
                             envelope_budget=envelope_budget, max_rounds=pl.majorant_rounds, guide=guide,
