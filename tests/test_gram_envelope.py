@@ -228,6 +228,20 @@ def test_torus_norms_from_the_circulant_stage_anchors():
         ge.torus_symbol_norms(other, H, W, sn=sn)
 
 
+def test_a_nan_anchor_bound_keeps_the_frequency_bound(monkeypatch):
+    """An anchor bound that comes out NaN is "not certified": the frequencies it would have tightened keep their
+    bound (never 0), so f stays above the exact norms (numpy SVDs)."""
+    from lipcheck.bounds import spectral as sp
+    rng = np.random.default_rng(2)
+    q = normalised(params(*random_layer(rng, 2, 2, 2, 1.0, 2.0)))
+    H, W = 4, 4
+    ref = torus_norms_sq(*(np.asarray(x) for x in (q.alpha, q.mu, q.sigma, q.WV, q.WO)), H, W)
+    monkeypatch.setattr(sp.SymbolNorm, "anchor_bound", lambda self, c, anchor: torch.full(
+        (c.shape[0],), math.nan, dtype=torch.float64))
+    f, n = ge.torus_symbol_norms(q, H, W, theta=0.0, budget=2 * q.dim ** 3, chunk=1)
+    assert n == 2 and np.all(f.numpy() >= ref * (1 - 1e-13))
+
+
 def test_envelope_coefficients_and_their_error_against_long_double():
     """torus_toeplitz_coefficients: every t[D] within e_r of r(D) evaluated in long double here, e_r as documented
     (relative rel = 2 (2e + e^2) + 2 g (1 + e)^2 + 4u (1 + e)^2 (1 + g) with e = trig_error, g = gamma_{L1+L2+2}),

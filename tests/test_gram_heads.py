@@ -86,6 +86,13 @@ def test_errors_of_the_token_parts_propagate():
     assert dist <= Xh.err
 
 
+def test_work_is_the_documented_count():
+    """h^4 ((k r)^2 + 2 r^3) + 2 k^2 C^3 / GEMM_SPEEDUP (proofs/S2.md: 2.8e10 at 12 heads, C = 768, k = 10)."""
+    assert gh.work(12, 10, 768) == 12 ** 4 * (640.0 ** 2 + 2 * 64.0 ** 3) + 2 * 100.0 * 768.0 ** 3 / gh.GEMM_SPEEDUP
+    assert 2.7e10 < gh.work(12, 10, 768) < 2.9e10
+    assert gh.work(3, 4, 6) == 81 * (8.0 ** 2 + 16) + 2 * 16 * 216 / gh.GEMM_SPEEDUP
+
+
 def test_refused_where_heads_do_not_split_the_channels():
     layer = random_layer(np.random.default_rng(0), 2, 1, 2, 1.0, 2.0)
     p = params(*layer)
