@@ -7,7 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs without installing
 
+from lipcheck.commands.common import exit_process  # noqa: E402
 from lipcheck.commands.train import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

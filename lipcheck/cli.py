@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 
+from .commands.common import exit_process
 from .report import docs_dir, set_command
 
 # one name per capability: subcommand = module in lipcheck.commands = experiments/<name>.py
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    from_shell = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
@@ -123,9 +126,12 @@ def main(argv=None) -> int:
         return 0
     set_command(argv)  # the reports name the command as typed, wherever lipcheck is installed
     try:
-        return args.run(args, args._parser) or 0
+        rc = args.run(args, args._parser) or 0
     finally:
         set_command(None)
+    if from_shell and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_process(rc)  # one rank under torchrun: leave without the teardown gloo can abort
+    return rc
 
 
 if __name__ == "__main__":
