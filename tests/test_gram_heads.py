@@ -93,6 +93,23 @@ def test_work_is_the_documented_count():
     assert gh.work(3, 4, 6) == 81 * (8.0 ** 2 + 16) + 2 * 16 * 216 / gh.GEMM_SPEEDUP
 
 
+def test_nan_and_float32_are_refused():
+    """A NaN in a token part (or in its error bound), or float32 inputs: ValueError, never a number."""
+    layer = random_layer(np.random.default_rng(4), 2, 1, 2, 1.0, 2.0)
+    Q = orthonormal(np.random.default_rng(5), 9, 2)
+    parts = token_parts(layer, 3, 3, Q)
+    good = [_Approx(torch.tensor(w), 0.0) for w in parts]
+    assert gh.coupling_gram(params(*layer), good).val.shape == (8, 8)
+    bad = [_Approx(good[0].val.clone(), 0.0)] + good[1:]
+    bad[0].val[0, 0] = math.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        gh.coupling_gram(params(*layer), bad)
+    with pytest.raises(ValueError, match="non-finite"):
+        gh.coupling_gram(params(*layer), [_Approx(good[0].val, math.nan)] + good[1:])
+    with pytest.raises(ValueError, match="float64"):
+        gh.coupling_gram(params(*layer), [_Approx(w.val.float(), 0.0) for w in good])
+
+
 def test_refused_where_heads_do_not_split_the_channels():
     layer = random_layer(np.random.default_rng(0), 2, 1, 2, 1.0, 2.0)
     p = params(*layer)

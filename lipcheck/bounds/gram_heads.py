@@ -68,6 +68,8 @@ def coupling_gram(q, W: list[_Approx]) -> _Approx:
         raise ValueError(f"X through the heads needs C = heads x head_dim (got C = {C}, {h} x {r})")
     N, k = W[0].val.shape
     dt = W[0].val.dtype
+    if dt != torch.float64 or q.WV.dtype != torch.float64:
+        raise ValueError("X through the heads is certified in float64 only (its margins are float64's)")
     # token parts T4[(h,g),(h',g')] = W_hg^T W_h'g' (k x k), one product; approx._pairwise's bound per block
     Wc = torch.cat([w.val for w in W], 1)
     T4 = (Wc.T @ Wc).reshape(h, h, k, h, h, k)
@@ -114,4 +116,7 @@ def coupling_gram(q, W: list[_Approx]) -> _Approx:
     del Y
     X_err = _up(v_fro * Y_err + g * Y_fro * v_fro)
     S = (X + X.T) / 2
-    return _Approx(S, _up(X_err + 2 * rounding.unit_roundoff(dt) * _Approx(X, 0.0).fro))
+    err = _up(X_err + 2 * rounding.unit_roundoff(dt) * _Approx(X, 0.0).fro)
+    if not (torch.isfinite(S).all() and err < float("inf")):  # NaN or inf anywhere: no bound
+        raise ValueError("X through the heads came out non-finite: not certified")
+    return _Approx(S, err)
