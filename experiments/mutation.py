@@ -67,6 +67,7 @@ GROUPS = {
     "gram_envelope": (["lipcheck/bounds/gram_envelope.py"], ["tests/test_gram_envelope.py"], None),
     "gram_lowrank": (["lipcheck/bounds/gram_lowrank.py"], ["tests/test_gram_lowrank.py"], None),
     "gram_heads": (["lipcheck/bounds/gram_heads.py"], ["tests/test_gram_heads.py"], None),
+    "gram_dense": (["lipcheck/bounds/gram_dense.py"], ["tests/test_gram_dense.py"], None),
     # the deflated bound's parameter search: estimates only (any choice is certified), reported on its own
     "deflation_search": (["lipcheck/bounds/deflation_search.py"], ["tests/test_deflation.py"], None),
     "rounding": (["lipcheck/rounding.py"], ["tests/test_lognorm.py", "tests/test_bounds.py"],

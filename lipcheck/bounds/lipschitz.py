@@ -2,11 +2,11 @@
 
 It reads the primitives of `spectral` (parameters, fast operator, Lanczos, circulant embedding, symbol sup, Gram
 iteration) and runs the methods above them that the size rule (`options.plan`) picks: the deflated bound
-(`deflation`, its complement by `gram_envelope`) and the Toeplitz majorant (`majorant`). METHODS maps each stage's
+(`deflation`, its complement by `gram_envelope`), the dense Gram (`gram_dense`) and the Toeplitz majorant (`majorant`). METHODS maps each stage's
 name to a function of the run (normalised parameters, options, plan, what the stages before found) that returns its
 certified value and description; the entry point runs them in order, keeps the smallest certified upper bound, adds
 the Lanczos lower bound and the probabilistic upper bound, and assembles the SSoGBound. Data flows one way:
-spectral <- majorant, gram_envelope, deflation <- options <- this module.
+spectral <- majorant, gram_envelope, deflation <- gram_dense, options <- this module.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 from ..rounding import norm2_upper
 from . import spectral as sp
 from .deflation import deflated_bound
+from .gram_dense import DENSE_GRAM_GAP, dense_gram_bound
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
 from .majorant import toeplitz_majorant
@@ -35,7 +36,7 @@ class SSoGBound:
     seed: the seed of the random Lanczos start (replay with ssog_lipschitz(..., seed=seed));
     margins: the rounding margins used, from the dtype's unit roundoff (proofs/S2.md);
     method: a description per stage; best_method: the stage whose certified bound is `upper` (a key of method:
-    'exact', 'gram', 'deflated', 'majorant', 'circulant', 'resolution_free' or 'closed_form');
+    'exact', 'gram', 'dense_gram', 'deflated', 'majorant', 'circulant', 'resolution_free' or 'closed_form');
     budget: the plan (Plan's fields), the budget and deadline, and 'cut': stages a deadline skipped or stopped."""
     H: int
     W: int
@@ -87,11 +88,14 @@ def check_schedule(steps_cap: int) -> list[int]:
 # of them its token profiles, left Theorem D4 2.2e-7 above ||T|| instead of 3.5e-4)
 GUIDE_STEPS = 40
 GUIDE_SEED = 0
+# the dense Gram's guess: Lanczos on T^T T continued from the guide for up to this many steps, stopped once theta
+# moved by at most 1e-12 (relative) over 10 steps (the Ritz value must be within its first pad, 1e-7, of lambda_max)
+DENSE_LANCZOS_STEPS = 300
 # the probabilistic Lanczos run stops where its bound cannot beat the deterministic one by the last planned check and
 # theta grew by at most STALL x target_gap (relative) since the check before (the lower bound moved by half that)
 STALL = 1e-3
 # the order in which equal certified values name the winner: the most direct certificate first
-_WINNER_ORDER = ("exact", "gram", "deflated", "majorant", "circulant", "resolution_free", "closed_form")
+_WINNER_ORDER = ("exact", "gram", "dense_gram", "deflated", "majorant", "circulant", "resolution_free", "closed_form")
 
 
 @dataclasses.dataclass
@@ -231,10 +235,10 @@ def deflated(run: _Run) -> Stage | None:
     return Stage(dval, method, info)
 
 
-def _above_gap(run: _Run, db) -> bool:
-    """Whether the deflated bound's certified gap to the guide's lower bound is above options.RETRY_GAP."""
+def _above_gap(run: _Run, upper: float, gap: float = RETRY_GAP) -> bool:
+    """Whether the certified `upper` is above (1 + gap) times the guide's lower bound (options.RETRY_GAP by default)."""
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
-    return lower > 0 and db.upper > lower * (1 + RETRY_GAP)
+    return lower > 0 and upper > lower * (1 + gap)
 
 
 def _unguided(run: _Run, db, guide, envelope_budget, cache):
@@ -243,7 +247,7 @@ def _unguided(run: _Run, db, guide, envelope_budget, cache):
     certified bound kept. The guide puts T's top singular vector's profiles into U in place of R_f's top eigenvectors,
     which can leave a larger leak: C = 384 init kernels at 64 x 64, k = 12: 0.88710 guided, 0.85327 without, lower
     0.85311. Certified numbers and sizes decide, no clock; the envelope is the cache's."""
-    if guide is None or run.pl.complement != "gram" or not _above_gap(run, db) or run.late("deflated"):
+    if guide is None or run.pl.complement != "gram" or not _above_gap(run, db.upper) or run.late("deflated"):
         return db, guide
     plain = deflated_bound(run.q, run.H, run.W, k=db.k, complement="gram", envelope_budget=envelope_budget,
                            cache=cache)
@@ -261,7 +265,7 @@ def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
     o, pl = run.o, run.pl
     lower = sp._scale_back(run.guide_lower or 0.0, run.q.log2_scale, up=False)
     complement = db.info.get("complement")
-    if o.deflation_k is not None or pl.complement != "gram" or not _above_gap(run, db) or complement is None or \
+    if o.deflation_k is not None or pl.complement != "gram" or not _above_gap(run, db.upper) or complement is None or \
             not complement <= RETRY_COMPLEMENT * lower or run.late("deflated"):
         return None
     k2 = retry_k(run.H, run.W, run.q.dim, run.q.num_heads, db.k, scale=o.budget_s / DEFAULT_BUDGET_S)
@@ -271,6 +275,48 @@ def _retry_deflated(run: _Run, db, guide, envelope_budget, cache):
                            cache=cache)
     again.info["retried_from_k"] = db.k
     return again
+
+
+def dense_gram(run: _Run) -> Stage | None:
+    """M = T^T T formed densely and certified by one Cholesky factorisation (gram_dense.py), where the plan allows it
+    (N C <= dense_gram_max) and the stages before it leave a certified gap above DENSE_GRAM_GAP to the Lanczos lower
+    bound, the guide's Lanczos run continued first (the decision reads certified numbers and sizes, no clock): flat
+    tops that no deflation resolves. Asked for by name (dense_gram=True) it always runs and a failure stands."""
+    o, pl = run.o, run.pl
+    if not pl.dense_gram or run.late("dense_gram"):
+        return None
+    asked = o.dense_gram is True
+    _guide(run)
+    if not asked and not _above_gap(run, run.upper, DENSE_GRAM_GAP):
+        return None
+    theta = _continued_lanczos(run)
+    if not asked and not _above_gap(run, run.upper, DENSE_GRAM_GAP):
+        return Stage(None, "not needed: the continued Lanczos lower bound closed the gap", dict(value=None))
+    try:
+        db = dense_gram_bound(run.q, run.H, run.W, theta)
+    except ValueError as err:
+        if asked:
+            raise
+        return Stage(None, f"failed, not used: {err}", dict(error=str(err), value=None))
+    value = coarse_up(db.upper)
+    return Stage(value, "dense Gram: T^T T formed (N C x N C), lambda_max certified by one Cholesky factorisation",
+                 dict(value=value, pad=db.pad, tries=db.tries, error=db.err, gave_upper=value < run.upper))
+
+
+def _continued_lanczos(run: _Run) -> float:
+    """theta: Lanczos on T^T T from the guide for up to DENSE_LANCZOS_STEPS steps, stopped once theta moved by at
+    most 1e-12 relative over 10 steps; the guide and its lower bound replaced where v's is larger."""
+    hist = []
+
+    def stop(theta: float, j: int) -> bool:
+        hist.append(theta)
+        return j >= 20 and abs(theta - hist[-10]) <= 1e-12 * abs(theta)
+
+    theta, v, _ = sp.lanczos(_operator(run), run.guide, max(2, min(_steps_cap(run), DENSE_LANCZOS_STEPS)), stop=stop)
+    lower = _lower_of(run, v)
+    if lower > (run.guide_lower or 0.0):
+        run.guide, run.guide_lower = v, lower
+    return theta
 
 
 def coarse_up(x: float) -> float:
@@ -289,6 +335,7 @@ def majorant(run: _Run) -> Stage | None:
     64 x 64, k = 12), and the grid is within its reach."""
     o, pl = run.o, run.pl
     lost = "deflated" not in run.bounds or not run.info.get("deflated", {}).get("gave_upper", False)
+    lost = lost and "dense_gram" not in run.bounds
     fallback = pl.deflated and lost and o.deflated is None and o.majorant is None and not pl.exact and \
         run.H * run.W <= 4096
     if not (pl.majorant or fallback) or run.late("majorant"):
@@ -331,7 +378,7 @@ def exact(run: _Run) -> Stage:
 # cannot beat them); names are the keys of SSoGBound.method, seconds and best_method.
 METHODS: dict[str, Callable[[_Run], Stage | None]] = {
     "closed_form": closed_form, "resolution_free": resolution_free, "circulant": circulant, "gram": gram,
-    "deflated": deflated, "majorant": majorant, "exact": exact}
+    "deflated": deflated, "dense_gram": dense_gram, "majorant": majorant, "exact": exact}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,7 +530,8 @@ def ssog_lipschitz(layer, H: int, W: int, options: CertifyOptions | None = None,
 
     options: a CertifyOptions; keyword arguments (dtype, device, failure_probability, target_gap, max_steps,
     memory_bytes, exact_max, gram_max, resolution_free, rf_rtol, circulant_rtol, symbol_start, symbol_start_tokens,
-    symbol_steps, probabilistic, seed, progress, majorant, deflated, deflation_k, budget_s, deadline_s) set its fields.
+    symbol_steps, probabilistic, seed, progress, majorant, deflated, deflation_k, dense_gram, dense_gram_max, budget_s,
+    deadline_s) set its fields.
 
     lower <= ||T||_2 <= upper <= resolution_free <= closed_form, upper = min(closed form, resolution-free,
     circulant embedding, Gram iteration, dense SVD, the Toeplitz majorant, the deflated bound with deflation_k token

@@ -14,6 +14,7 @@ import torch
 
 from . import deflation
 from .deflation import LOWRANK_MAX_K, gram_affordable, planned_k
+from .gram_dense import DENSE_GRAM_MAX
 from .gram_envelope import affordable, dense
 from .majorant import planned_rounds
 
@@ -70,7 +71,9 @@ class CertifyOptions:
     (`plan`), never read from a clock, so the same call gives the same bound on a busy and on a quiet machine.
     deadline_s: optional wall-clock limit; past it, optional stages are skipped or stopped early at a certified point,
     and the result lists them (SSoGBound.cut_short, budget['cut']).
-    deflated / majorant: None lets the size rule decide; True / False force the stage on or off.
+    deflated / majorant / dense_gram: None lets the size rule decide; True / False force the stage on or off.
+    dense_gram_max: the dense Gram (T^T T formed, one Cholesky factorisation; 2 (N C)^2 float64 of memory) where
+    N C <= dense_gram_max and the bounds before it leave a gap above gram_dense.DENSE_GRAM_GAP.
     deflation_k: token functions of the deflated bound (None: the size rule's k).
     exact_max: a dense SVD (Cholesky-verified) where N C <= exact_max; gram_max: Gram iteration where N C <= gram_max.
     resolution_free, rf_rtol, rf_max_rounds: the bound valid on every grid, its branch-and-bound tolerance and
@@ -103,6 +106,8 @@ class CertifyOptions:
     majorant: bool | None = None
     deflated: bool | None = None
     deflation_k: int | None = None
+    dense_gram: bool | None = None
+    dense_gram_max: int = DENSE_GRAM_MAX
 
     def __post_init__(self):
         for name in ("budget_s", "deadline_s"):
@@ -113,7 +118,7 @@ class CertifyOptions:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
         if not (0 < self.failure_probability < 1):
             raise ValueError(f"failure_probability must be in (0, 1), got {self.failure_probability}")
-        for name in ("deflated", "majorant"):
+        for name in ("deflated", "majorant", "dense_gram"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be None (the size rule decides), True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -139,7 +144,8 @@ def certify_options(options: CertifyOptions | None = None, **kw) -> CertifyOptio
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Which optional stages `ssog_lipschitz` runs, decided from the sizes alone (no clock): exact (dense SVD),
-    deflated with k token functions (its complement: 'gram' or 'auto'), majorant; rule says why; the work budgets of
+    deflated with k token functions (its complement: 'gram' or 'auto'), dense_gram (where the stages before it leave
+    a gap), majorant; rule says why; the work budgets of
     the resolution-free bound (rf_max_rounds, rf_max_work) and of the majorant's refinement (majorant_rounds)."""
     exact: bool
     deflated: bool
@@ -150,6 +156,7 @@ class Plan:
     rf_max_rounds: int = 200
     rf_max_work: float | None = None
     majorant_rounds: int = 200
+    dense_gram: bool = False
 
 
 def rf_rounds(C: int, scale: float = 1.0) -> int:
@@ -168,6 +175,8 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
        beyond as f alone with the low-rank complement of Lemma G3) and some k >= 1 token functions fit
        the work budgets (deflation.planned_k: k C near 4608, heads^4 (k C)^2 <= GRAM_BUDGET, both scaled by
        budget_s / 60 s); half of the k token functions are the profiles of a Lanczos Ritz vector of T.
+    2b. The dense Gram where N C <= dense_gram_max (float64) and the deflated bound (or whatever ran) leaves a
+       certified gap above gram_dense.DENSE_GRAM_GAP to the Lanczos lower bound: T^T T formed, one Cholesky.
     3. The Toeplitz majorant up to 4096 tokens (64 x 64), its refinement capped at majorant.planned_rounds (scaled
        by budget_s / 60 s).
     4. Beyond: the circulant embedding and the closed forms (always computed).
@@ -202,7 +211,12 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
             rule += "; Toeplitz majorant (N <= 4096)"
         elif not deflated and not exact:
             rule += f"; N = {N} > 4096: circulant embedding and closed forms only"
+    dense_gram = o.dense_gram if o.dense_gram is not None else (
+        not exact and o.dtype == torch.float64 and n <= o.dense_gram_max)
+    if dense_gram:
+        rule += f"; dense Gram where a gap is left (N*C = {n} <= dense_gram_max = {o.dense_gram_max})"
     rounds = o.rf_max_rounds if o.rf_max_rounds is not None else rf_rounds(C, scale)
     rf_work = None if o.rf_max_rounds is not None else RF_PAIRS * scale  # rounds asked for: no cap on their work
     return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule,
-                rf_max_rounds=int(rounds), rf_max_work=rf_work, majorant_rounds=planned_rounds(C, scale))
+                rf_max_rounds=int(rounds), rf_max_work=rf_work, majorant_rounds=planned_rounds(C, scale),
+                dense_gram=bool(dense_gram))
