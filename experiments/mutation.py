@@ -47,7 +47,7 @@ GROUPS = {
     # the entry point above the methods: options, the size rule, the choice of the tightest bound
     "lipschitz": (["lipcheck/bounds/lipschitz.py", "lipcheck/bounds/options.py"],
                   ["tests/test_bounds.py", "tests/test_certify_default.py", "tests/test_budget_units.py",
-                   "tests/test_deflation.py"],  # the default's deflated stage: its unguided retry and its 2k retry
+                   "tests/test_deflation.py", "tests/test_gram_dense.py"],  # the deflated stage's retries; the dense Gram stage
                   "not default_settings_close"),
     # the ODE enclosure; its dense-attention field is the attention_field group's
     "wellposed": ([f"lipcheck/wellposed/{m}.py" for m in (
