@@ -70,6 +70,20 @@ def test_bound_above_the_svd_and_within_1e6(heads, M, d, H, W, shift, seed):
     assert b.tries == 1 and b.pad == gd.PADS[0]
 
 
+def test_the_record_holds_the_certified_mu_and_error():
+    """mu is the certified lambda_max(fl(M)) < mu, at least theta (1 + pad), and the bound is sqrt(mu + err) (rounded
+    up) on the normalised operator: ||T||^2 of the normalised layer lies below mu + err."""
+    rng = np.random.default_rng(2)
+    layer = random_layer(rng, 2, 2, 2, 2.0, 3.0)
+    q = normalised_layer(layer)
+    exact_n = float(np.linalg.norm(dense_T(q.alpha.numpy(), q.mu.numpy(), q.sigma.numpy(), q.WV.numpy(),
+                                           q.WO.numpy(), 4, 3), 2))
+    b = gd.dense_gram_bound(q, 4, 3, exact_n ** 2)
+    assert b.mu >= exact_n ** 2 * (1 + b.pad) and exact_n ** 2 <= b.mu + b.err <= exact_n ** 2 * (1 + 1e-6)
+    assert 0 < b.err <= 1e-9 * b.mu
+    assert math.sqrt(b.mu + b.err) <= math.ldexp(b.upper, -q.log2_scale) <= math.sqrt(b.mu + b.err) * (1 + 1e-9)
+
+
 def test_a_low_guess_is_padded_until_it_passes_and_a_hopeless_one_refused():
     """A Ritz value 1e-3 below lambda_max fails the first three pads (one formation and factorisation each) and
     passes the fourth, still above the SVD; one at half of lambda_max fails every pad: ValueError, no number."""
