@@ -61,8 +61,9 @@ GROUPS = {
     "lognorm": (["lipcheck/bounds/lognorm.py"], ["tests/test_enclosure.py", "tests/test_lognorm.py"], None),
     "majorant": (["lipcheck/bounds/majorant.py"], ["tests/test_majorant.py"],
                  "not wired_into_ssog_lipschitz"),  # that test patches keyword defaults, which mutmut wraps
-    "deflation": (["lipcheck/bounds/deflation.py"], ["tests/test_deflation.py", "tests/test_gram_envelope.py",
-                                                     "tests/test_certify_default.py", "tests/test_gram_lowrank.py"],
+    "deflation": (["lipcheck/bounds/deflation.py", "lipcheck/bounds/deflation_plan.py"],
+                  ["tests/test_deflation.py", "tests/test_gram_envelope.py",
+                   "tests/test_certify_default.py", "tests/test_gram_lowrank.py"],
                   None),
     "gram_envelope": (["lipcheck/bounds/gram_envelope.py"], ["tests/test_gram_envelope.py"], None),
     "gram_lowrank": (["lipcheck/bounds/gram_lowrank.py"], ["tests/test_gram_lowrank.py"], None),

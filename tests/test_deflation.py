@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lipcheck import rounding
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import deflation_plan as dp
 from lipcheck.bounds import options as opts
 from test_majorant import axis, dense_norm, dense_T, params, random_layer
 
@@ -21,12 +22,12 @@ FAST = dict(time_budget=600.0, max_rounds=4, complement="majorant")
 @contextlib.contextmanager
 def using(name: str):
     """Run deflated_bound with Theorem D4 (the default up to GRAM_BUDGET) or force Theorem D3 (budget 0)."""
-    old = df.GRAM_BUDGET
-    df.GRAM_BUDGET = old if name == "D4" else 0.0
+    old = dp.GRAM_BUDGET
+    dp.GRAM_BUDGET = old if name == "D4" else 0.0
     try:
         yield
     finally:
-        df.GRAM_BUDGET = old
+        dp.GRAM_BUDGET = old
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lipcheck import rounding
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import deflation_plan as dp
 from lipcheck.bounds import gram_envelope as ge
 from lipcheck.bounds.spectral import _scale_back, normalised
 from lipcheck.mixers.ssog import SIGMA_FLOOR
@@ -337,12 +338,12 @@ def test_complement_choice_and_bad_input():
     with pytest.raises(ValueError, match="complement"):
         df.deflated_bound(p, 3, 3, complement="circulant")
     with pytest.raises(ValueError, match="GRAM_BUDGET"):
-        old = df.GRAM_BUDGET
-        df.GRAM_BUDGET = 0.0
+        old = dp.GRAM_BUDGET
+        dp.GRAM_BUDGET = 0.0
         try:
             df.deflated_bound(p, 3, 3, complement="gram")
         finally:
-            df.GRAM_BUDGET = old
+            dp.GRAM_BUDGET = old
     p32 = params(*layer)
     p32 = type(p32)(*(x.float() for x in (p32.alpha, p32.mu, p32.sigma, p32.WV, p32.WO)))
     with pytest.raises(ValueError, match="float64"):

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import deflation_plan as dp
 from lipcheck.bounds import gram_heads as gh
 from lipcheck.bounds.approx import _Approx
 from test_majorant import axis, dense_T, params, random_layer
@@ -131,7 +132,7 @@ def test_deflated_bound_through_the_heads_against_dense_svd(monkeypatch, scale):
     s = np.linalg.svd(dense_T(*layer, H, W), compute_uv=False)[0]
     ref = df.deflated_bound(params(*layer), H, W, k=k, complement="gram")
     assert df.x_route(4, k, C) == "kron"
-    monkeypatch.setattr(df, "GRAM_BUDGET", 4 ** 4 * float(k * C) ** 2 - 1)
+    monkeypatch.setattr(dp, "GRAM_BUDGET", 4 ** 4 * float(k * C) ** 2 - 1)
     assert df.x_route(4, k, C) == "heads"
     scaled = (layer[0] * scale,) + tuple(layer[1:])
     b = df.deflated_bound(params(*scaled), H, W, k=k, complement="gram")

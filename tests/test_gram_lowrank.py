@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipcheck.bounds import deflation as df
+from lipcheck.bounds import deflation_plan as dp
 from lipcheck.bounds import gram_envelope as ge
 from lipcheck.bounds import gram_lowrank as gl
 from test_gram_envelope import envelope_matrix, frozen_layer
@@ -208,8 +209,8 @@ def test_theorem_d3_with_the_envelope_where_d4_does_not_fit(monkeypatch, guided)
     _, s, Vt = np.linalg.svd(T)
     C = T.shape[0] // (H * W)
     # below both of X's routes: term by term (3^4 (k C)^2) and through the heads' rank (gram_heads.work)
-    monkeypatch.setattr(df, "GRAM_BUDGET", min(3 ** 4 * (k * C) ** 2, df.gh.work(3, k, C)) - 1)
-    assert not df.gram_affordable(3, k, C) and df.d3_affordable(3, k, C, df.GRAM_BUDGET)
+    monkeypatch.setattr(dp, "GRAM_BUDGET", min(3 ** 4 * (k * C) ** 2, df.gh.work(3, k, C)) - 1)
+    assert not df.gram_affordable(3, k, C) and df.d3_affordable(3, k, C, dp.GRAM_BUDGET)
     guide = torch.tensor(Vt[0].reshape(1, H, W, C)) if guided else None
     b = df.deflated_bound(params(*layer), H, W, k=k, complement="gram", guide=guide)
     assert b.info["theorem"] == "D3"

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from . import deflation
-from .deflation import LOWRANK_MAX_K, gram_affordable, planned_k
+from . import deflation_plan
+from .deflation_plan import LOWRANK_MAX_K, gram_affordable, planned_k
 from .gram_dense import DENSE_GRAM_MAX
 from .gram_envelope import affordable, dense
 from .majorant import planned_rounds
@@ -26,7 +26,7 @@ RF_WORK = 2e10
 # budget_s / 60 s: at 8 heads, C = 128 its rounds grew to 9 s each by the fourth (one busy core), 200 would take hours
 RF_PAIRS = 5e6
 
-# The time budget the size rule's constants were sized for, on 2 cores: deflation.planned_k's k C near 4608 and
+# The time budget the size rule's constants were sized for, on 2 cores: deflation_plan.planned_k's k C near 4608 and
 # GRAM_BUDGET, gram_envelope.ENVELOPE_BUDGET (measured: the deflated bound 5-35 s up to 32 x 32 at C <= 384),
 # majorant.MAJORANT_WORK
 DEFAULT_BUDGET_S = 60.0
@@ -56,7 +56,7 @@ def retry_k(H: int, W: int, C: int, heads: int, k: int, *, scale: float = 1.0) -
     k2 = 2 * int(k)
     if k < 1 or k2 > H * W - 1 or k2 * C > RETRY_KC * scale ** (1 / 3) or H * W > RETRY_MAX_TOKENS:
         return None
-    if not gram_affordable(heads, k2, C, deflation.GRAM_BUDGET * min(scale, 1.0)):
+    if not gram_affordable(heads, k2, C, deflation_plan.GRAM_BUDGET * min(scale, 1.0)):
         return None
     if not dense(H, W) and k2 > LOWRANK_MAX_K:
         return None
@@ -173,7 +173,7 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
     2. The deflated bound with the circulant Gram envelope on the complement (Theorem D4) where the envelope fits
        (half the torus within gram_envelope.MAX_TORUS_FREQUENCIES: up to 128 x 128; stored densely up to 32 x 32,
        beyond as f alone with the low-rank complement of Lemma G3) and some k >= 1 token functions fit
-       the work budgets (deflation.planned_k: k C near 4608, heads^4 (k C)^2 <= GRAM_BUDGET, both scaled by
+       the work budgets (deflation_plan.planned_k: k C near 4608, heads^4 (k C)^2 <= GRAM_BUDGET, both scaled by
        budget_s / 60 s); half of the k token functions are the profiles of a Lanczos Ritz vector of T.
     2b. The dense Gram where N C <= dense_gram_max (float64) and the deflated bound (or whatever ran) leaves a
        certified gap above gram_dense.DENSE_GRAM_GAP to the Lanczos lower bound: T^T T formed, one Cholesky.
