@@ -77,3 +77,16 @@ def test_the_default_deflated_bound_is_the_same_on_a_busy_machine():
     assert (busy.upper, busy.lower, busy.upper_probabilistic) == (quiet.upper, quiet.lower, quiet.upper_probabilistic)
     assert busy.info["lanczos"]["steps"] == quiet.info["lanczos"]["steps"] and not busy.cut_short
     assert busy.info["deflated"] == quiet.info["deflated"]
+
+
+def test_the_dense_gram_is_the_same_on_a_busy_machine():
+    """The dense Gram stage (its guide's Lanczos run continued, then one Cholesky factorisation of a 1728 x 1728
+    matrix on every thread) quiet and beside two CPU-bound processes: the same certified bound, pad and tries."""
+    layer = small_layer(C=12, heads=3, seed=4)
+    kw = dict(seed=0, exact_max=0, gram_max=0, deflated=False, majorant=False, resolution_free=False,
+              probabilistic=False, dense_gram=True)
+    quiet = ssog_lipschitz(layer, 12, 12, **kw)
+    assert quiet.best_method == "dense_gram"
+    with spinners(2):
+        busy = ssog_lipschitz(layer, 12, 12, **kw)
+    assert (busy.upper, busy.lower) == (quiet.upper, quiet.lower) and busy.info["dense_gram"] == quiet.info["dense_gram"]
