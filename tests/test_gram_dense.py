@@ -182,3 +182,39 @@ def _module(layer):
         mod.o_proj.weight.copy_(WO.T)
     p = sp.ssog_params(mod)
     return mod, tuple(t.numpy() for t in (p.alpha, p.mu, p.sigma, p.WV, p.WO))
+
+
+@pytest.mark.parametrize("n, nb", [(300, 64), (257, 256), (130, 1024)])
+def test_blocked_in_place_cholesky_is_cholesky(n, nb):
+    """rounding._blocked_cholesky_ (the in-place factorisation beyond LAPACK_MAX_N) against numpy's Cholesky: the same
+    factor to rounding on a positive definite matrix; refused on an indefinite one and on one with a NaN."""
+    from lipcheck import rounding
+    rng = np.random.default_rng(n)
+    X = rng.standard_normal((n, n))
+    A = X @ X.T / n + np.eye(n)
+    L = np.linalg.cholesky(A)
+    S = torch.tensor(A)
+    assert rounding._blocked_cholesky_(S, nb)
+    assert np.abs(np.tril(S.numpy()) - L).max() <= 1e-12 * np.abs(L).max()
+    B = A.copy()
+    B[n - 1, n - 1] -= 2 * np.linalg.eigvalsh(A)[0] + 1e-3 + (A[n - 1, n - 1] - (L[n - 1, :n - 1] ** 2).sum())
+    assert not rounding._blocked_cholesky_(torch.tensor(B), nb)
+    C = A.copy()
+    C[n // 2, 3] = C[3, n // 2] = math.nan
+    assert not rounding._blocked_cholesky_(torch.tensor(C), nb)
+
+
+def test_certificates_beyond_lapack_max_n_go_through_the_blocked_factorisation(monkeypatch):
+    """With LAPACK_MAX_N lowered below the order, verified_lambda_max of a matrix with known spectrum (Q diag Q^T)
+    goes through `_blocked_cholesky_` and stays above the true top eigenvalue, within 1e-9 of it."""
+    from lipcheck import rounding
+    calls = []
+    real = rounding._blocked_cholesky_
+    monkeypatch.setattr(rounding, "LAPACK_MAX_N", 100)
+    monkeypatch.setattr(rounding, "_blocked_cholesky_", lambda A, *a: calls.append(A.shape) or real(A, 64))
+    rng = np.random.default_rng(1)
+    Q = np.linalg.qr(rng.standard_normal((300, 300)))[0]
+    ev = np.linspace(-1.0, 2.0, 300)
+    S = torch.tensor((Q * ev) @ Q.T)
+    lam = float(rounding.verified_lambda_max(S, lam=torch.tensor(2.0)))
+    assert calls and 2.0 <= lam <= 2.0 * (1 + 1e-9)

@@ -12,7 +12,7 @@ a small relative amount becomes a proof when Cholesky of mu I - fl(M) minus Rump
 Errors (spectral norm), each in S2.md: the factors' errors as `_Approx` carries them (taps, products), the factors
 made exactly symmetric in pairs (the (g, h) factor is the transpose of the (h, g) one, so the exact matrix of the
 computed factors is symmetric and the factorisation reads its lower triangle), and the h^2-term sum per entry
-(gamma_{h^2 + 2} sum ||A_hg||_F ||B_hg||_F). Memory: M and the factor, 2 (N C)^2 float64 (9 GiB at N C = 24576).
+(gamma_{h^2 + 2} sum ||A_hg||_F ||B_hg||_F). Memory: M, factorised in place, (N C)^2 float64 (4.5 GiB at N C = 24576).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from .approx import _Approx, _pairwise, _sym, _up
 from .deflation import apply_kernel, head_projections, kernel_factors
 
 # N C up to which the default certification forms M densely where the other bounds leave a gap above
-# DENSE_GRAM_GAP: M and the Cholesky factor take 2 (N C)^2 float64 (9 GiB), one factorisation (N C)^3 / 3
-# multiply-adds (about 60 s on 2 cores at 24576)
+# DENSE_GRAM_GAP: M takes (N C)^2 float64 (4.5 GiB; factorised in place, rounding._blocked_cholesky_), one
+# factorisation (N C)^3 / 3 multiply-adds (about 60 s on 2 cores at 24576)
 DENSE_GRAM_MAX = 24576
 DENSE_GRAM_GAP = 1e-4
 # relative pads of the Ritz value tried in turn, one formation and factorisation each: the first holds wherever the

@@ -72,7 +72,7 @@ class CertifyOptions:
     deadline_s: optional wall-clock limit; past it, optional stages are skipped or stopped early at a certified point,
     and the result lists them (SSoGBound.cut_short, budget['cut']).
     deflated / majorant / dense_gram: None lets the size rule decide; True / False force the stage on or off.
-    dense_gram_max: the dense Gram (T^T T formed, one Cholesky factorisation; 2 (N C)^2 float64 of memory) where
+    dense_gram_max: the dense Gram (T^T T formed, one Cholesky factorisation in place; (N C)^2 float64) where
     N C <= dense_gram_max and the bounds before it leave a gap above gram_dense.DENSE_GRAM_GAP.
     deflation_k: token functions of the deflated bound (None: the size rule's k).
     exact_max: a dense SVD (Cholesky-verified) where N C <= exact_max; gram_max: Gram iteration where N C <= gram_max.
