@@ -71,8 +71,9 @@ GROUPS = {
     "gram_dense": (["lipcheck/bounds/gram_dense.py"], ["tests/test_gram_dense.py"], None),
     # the deflated bound's parameter search: estimates only (any choice is certified), reported on its own
     "deflation_search": (["lipcheck/bounds/deflation_search.py"], ["tests/test_deflation.py"], None),
-    "rounding": (["lipcheck/rounding.py"], ["tests/test_lognorm.py", "tests/test_bounds.py"],
-                 "rounding or norm2 or lambda or cholesky or rump or gamma or anchor or gram or head_norms or op_is"),
+    "rounding": (["lipcheck/rounding.py"], ["tests/test_lognorm.py", "tests/test_bounds.py", "tests/test_gram_dense.py"],
+                 "rounding or norm2 or lambda or cholesky or rump or gamma or anchor or gram or head_norms or op_is "
+                 "or blocked"),
     "network": (["lipcheck/bounds/network.py", "lipcheck/bounds/mlp.py"], ["tests/test_network_bounds.py", "tests/test_bounds.py"],
                 "network or vector_field or mixer or mlp or min_token"),
 }
