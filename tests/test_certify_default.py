@@ -233,13 +233,18 @@ def test_stages_a_deadline_or_a_failure_stops_are_reported_and_the_rest_certifie
     assert exact <= r.upper * (1 + 1e-12)
     r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=False, majorant=True, deadline_s=600)
     assert "majorant" in r.seconds and not r.cut_short and exact <= r.upper * (1 + 1e-12)
+    assert r.budget["deadline_s"] == 600 and r.budget["budget_s"] == 60.0
 
     def refuse(*a, **kw):
         raise ValueError("refused here")
     monkeypatch.setattr(lipschitz, "deflated_bound", refuse)
-    r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0)
+    r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, dense_gram=False)
     assert r.info["deflated"] == {"error": "refused here"} and r.method["deflated"].startswith("failed, not used")
     assert r.best_method != "deflated" and exact <= r.upper * (1 + 1e-12)
+    assert "majorant" in r.seconds  # the size rule's fallback where its deflated bound failed
+    # the dense Gram after the failed deflated bound serves instead, and the majorant is not run
+    r = ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0)
+    assert r.best_method == "dense_gram" and "majorant" not in r.seconds and exact <= r.upper <= exact * (1 + 1e-6)
     with pytest.raises(ValueError, match="refused here"):  # asked for by name: the refusal stands
         ssog_lipschitz(layer, 4, 5, seed=2, exact_max=0, gram_max=0, deflated=True)
 
