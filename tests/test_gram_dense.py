@@ -130,9 +130,10 @@ def test_exactly_covariant_at_extreme_scales(e):
 
 
 def test_default_call_runs_it_where_a_gap_is_left_and_skips_it_where_not():
-    """With the dense SVD and the deflated bound off (exact_max = gram_max = 1, deflated = majorant = False) the circulant
-    embedding leaves a gap, so the default dense_gram stage runs and wins, above numpy's SVD of the SPEC operator and
-    within 1e-6 of it; with the deflated bound on, a tight layer never reaches it (no entry, no seconds)."""
+    """With the dense SVD and the deflated bound off (exact_max = gram_max = 1, deflated = majorant = False) the
+    circulant embedding leaves a gap, so the default dense_gram stage runs and wins, above numpy's SVD of the SPEC
+    operator and within 1e-6 of it; with the deflated bound on, a tight layer never reaches it (no entry, no
+    seconds)."""
     rng = np.random.default_rng(6)
     mod, layer = _module(random_layer(rng, 2, 2, 3, 2.5, 3.0))
     exact = float(np.linalg.norm(dense_T(*layer, 5, 4), 2))

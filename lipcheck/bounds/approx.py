@@ -76,17 +76,23 @@ def _sub(X: _Approx, Y: _Approx) -> _Approx:
 
 def _kron_sum(L: list[_Approx], P: list[_Approx], transpose_P: bool) -> _Approx:
     """sum_j L_j kron P_j' as a (k C) x (k C) matrix with rows (i, c), columns (j, d): entry sum_j L_j[i, j] P'_j[c, d],
-    P' = P_j^T when transpose_P. Error: the factors' errors (||X kron Y|| = ||X|| ||Y||) and the sum of J products
-    per entry (gamma_{J+2} sum_j ||L_j||_F ||P_j||_F)."""
+    P' = P_j^T when transpose_P. Error: `kron_sum_error` (transposing P_j changes none of its norms)."""
     k, C = L[0].val.shape[0], P[0].val.shape[0]
     Ls = torch.stack([x.val for x in L])
     Ps = torch.stack([x.val for x in P])
     if transpose_P:
         Ps = Ps.transpose(1, 2)
     val = torch.einsum("jab,jcd->acbd", Ls, Ps).reshape(k * C, k * C)
+    return _Approx(val, kron_sum_error(L, P))
+
+
+def kron_sum_error(L: list[_Approx], P: list[_Approx]) -> float:
+    """>= ||fl(sum_j L_j kron P_j) - sum_j exact L_j kron exact P_j||_2 for any order of each entry's J products: the
+    factors' errors (||X kron Y|| = ||X|| ||Y||) and gamma_{J+2} sum_j ||L_j||_F ||P_j||_F (entrywise |fl - exact| <=
+    gamma_{J+2} sum_j |l_j| |p_j|, and || |X| kron |Y| ||_2 <= ||X||_F ||Y||_F)."""
     err = sum(a.norm * b.err + b.norm * a.err + a.err * b.err for a, b in zip(L, P))
     err += rounding.gamma(len(L) + 2) * sum(a.fro * b.fro for a, b in zip(L, P))
-    return _Approx(val, _up(err))
+    return _up(err)
 
 
 def _sym(X: _Approx) -> _Approx:

@@ -24,7 +24,7 @@ import torch
 
 from .. import rounding
 from . import spectral as sp
-from .approx import _Approx, _pairwise, _sym, _up
+from .approx import _Approx, _pairwise, _sym, _up, kron_sum_error
 from .deflation import apply_kernel, head_projections, kernel_factors
 
 # N C up to which the default certification forms M densely where the other bounds leave a gap above
@@ -39,8 +39,9 @@ PADS = (1e-7, 4e-6, 1.6e-4, 1e-2)
 
 @dataclasses.dataclass
 class DenseGramBound:
-    """upper >= ||T||_2 (certified, the layer's units); mu: the certified lambda_max(fl(M)) < mu and err >= ||fl(M) - M||
-    (normalised units); pad: the relative pad of the Ritz value that passed; tries: factorisations run; seconds."""
+    """upper >= ||T||_2 (certified, the layer's units); mu: the certified lambda_max(fl(M)) < mu and
+    err >= ||fl(M) - M|| (normalised units); pad: the relative pad of the Ritz value that passed; tries:
+    factorisations run; seconds."""
     upper: float
     mu: float
     err: float
@@ -76,12 +77,9 @@ def gram_factors(q: sp.SSoGParams, H: int, W: int) -> tuple[list[list[_Approx]],
 
 
 def gram_error(A: list[list[_Approx]], B: list[list[_Approx]]) -> float:
-    """>= ||fl(M) - M||_2: the factors' errors (||X kron Y|| = ||X|| ||Y||) and the sum of J = h^2 products per entry
-    (|fl - exact| <= gamma_{J+2} sum_j |a_j| |b_j| entrywise, and || |X| kron |Y| ||_2 <= ||X||_F ||Y||_F)."""
-    pairs = [(a, b) for ra, rb in zip(A, B) for a, b in zip(ra, rb)]
-    err = sum(a.norm * b.err + b.norm * a.err + a.err * b.err for a, b in pairs)
-    err += rounding.gamma(len(pairs) + 2) * sum(a.fro * b.fro for a, b in pairs)
-    return _up(err)
+    """>= ||fl(M) - M||_2: `approx.kron_sum_error` over the h^2 pairs (each entry of fl(M) one dot product of length
+    h^2, `form_gram`)."""
+    return kron_sum_error([a for row in A for a in row], [b for row in B for b in row])
 
 
 def form_gram(A: list[list[_Approx]], B: list[list[_Approx]]) -> torch.Tensor:

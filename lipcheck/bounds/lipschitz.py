@@ -2,10 +2,11 @@
 
 It reads the primitives of `spectral` (parameters, fast operator, Lanczos, circulant embedding, symbol sup, Gram
 iteration) and runs the methods above them that the size rule (`options.plan`) picks: the deflated bound
-(`deflation`, its complement by `gram_envelope`), the dense Gram (`gram_dense`) and the Toeplitz majorant (`majorant`). METHODS maps each stage's
-name to a function of the run (normalised parameters, options, plan, what the stages before found) that returns its
-certified value and description; the entry point runs them in order, keeps the smallest certified upper bound, adds
-the Lanczos lower bound and the probabilistic upper bound, and assembles the SSoGBound. Data flows one way:
+(`deflation`, its complement by `gram_envelope`), the dense Gram (`gram_dense`) and the Toeplitz majorant
+(`majorant`). METHODS maps each stage's name to a function of the run (normalised parameters, options, plan, what
+the stages before found) that returns its certified value and description; the entry point runs them in order,
+keeps the smallest certified upper bound, adds the Lanczos lower bound and the probabilistic upper bound, and
+assembles the SSoGBound. Data flows one way:
 spectral <- majorant, gram_envelope, deflation <- gram_dense, options <- this module.
 """
 from __future__ import annotations
