@@ -45,7 +45,8 @@ GROUPS = {
                   "lipcheck/bounds/krylov.py", "lipcheck/bounds/gram.py", "lipcheck/bounds/cell_set.py"],
                  ["tests/test_bounds.py"], "not default_settings_close"),
     # the entry point above the methods: options, the size rule, the choice of the tightest bound
-    "lipschitz": (["lipcheck/bounds/lipschitz.py", "lipcheck/bounds/options.py"],
+    "lipschitz": (["lipcheck/bounds/lipschitz.py", "lipcheck/bounds/options.py", "lipcheck/bounds/lanczos_bounds.py",
+                   "lipcheck/bounds/certify_run.py"],
                   ["tests/test_bounds.py", "tests/test_certify_default.py", "tests/test_budget_units.py",
                    "tests/test_deflation.py", "tests/test_gram_dense.py"],  # the deflated stage's retries; the dense Gram stage
                   "not default_settings_close"),
