@@ -137,6 +137,7 @@ def test_enclosure_only_reports_the_actual_error_of_a_solve_made_here(tmp_path, 
     assert (tmp_path / "figures" / "divergence_tiny_enclosure.png").exists()
     assert "radius / actual" in md and "every actual error lies inside its radius: **yes**" in md
     assert "radius / actual error at t1" in md.splitlines()[1]
+    assert "reference at tol * 1e-3 = 1e-09 with defect target 3e-06" in md  # the settings the run used
 
     (model, images, enc), = seen
     m = model.double()
@@ -203,3 +204,26 @@ def test_the_figure_title_says_how_far_a_stopped_proof_reached():
     assert figure_title_result(done) == "radius/actual at t1 1.04-2.5"
     big = dict(done, ratio_t1=None)
     assert figure_title_result(big) == "radius at t1 1.5 (no actual error at this size)"
+
+
+def test_preset_s_encloses_with_its_own_reference_settings(monkeypatch):
+    """--enclosure-only --preset s passes its reference tolerance and defect target (PRESET_ENCLOSURE) to enclose;
+    the other presets keep the shared ones (ref_tol 'auto', defect target 3e-6)."""
+    from lipcheck import wellposed
+    from lipcheck.commands import wellposed as mod
+    from lipcheck.commands.common import parse
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(model, images, **kw):
+        seen.append(kw)
+        raise Stop
+    monkeypatch.setattr(wellposed, "enclose", record)
+    monkeypatch.setattr(mod, "build_models", lambda *a: (type("M", (), {"img_size": 8})(), None))
+    for preset, want in (("s", (1e-8, 2e-5)), ("ti", ("auto", 3e-6))):
+        args, _ = parse(mod, ["--enclosure-only", "--preset", preset, "--no-progress", "--device", "cpu"])
+        with pytest.raises(Stop):
+            mod.run_enclosure_only(args)
+        assert (seen[-1]["ref_tol"], seen[-1]["ref_defect_abs"]) == want

@@ -210,7 +210,9 @@ def enclosure_only_markdown(data, *, t1, shape) -> str:
         f"dopri5 at rtol = atol = {s['enc_tol']:g}: {e['accepted']} accepted / {e['rejected']} rejected steps, "
         f"{e['nfe_forward']} NFE forward. Log-norm: {e['lognorm']} (per-token blocks: mu_2(J) <= ||T|| max ||D1_i|| "
         f"+ max mu_2(D2_i), looser than the dense one, affordable at this n); {e['lognorm_points']} point log-norms, "
-        f"{e['fine_points']} defect sub-intervals (defect_ratio {s['enc_defect_ratio']}, mu_slack {s['enc_slack']}).", "",
+        f"{e['fine_points']} defect sub-intervals (defect_ratio {s['enc_defect_ratio']}, mu_slack {s['enc_slack']}; "
+        f"reference at {ref_tol_text(s.get('enc_ref_tol', 'auto'), s['enc_tol'])} with defect target "
+        f"{s.get('enc_ref_defect_abs', 'adaptive')}).", "",
         report.md_table(["proven", "radius at t1", "actual error at t1", "radius / actual", "state norm at t1",
                          "largest tube", "int mu bound", "curvature", "variance floor", "stiffness h*mu", "seconds"],
                         [["yes" if e["proven"][0] else f"no: {e['reason'][0]}", fmt(e["radius_t1"][0]),
@@ -224,6 +226,11 @@ def enclosure_only_markdown(data, *, t1, shape) -> str:
         + actual_sentence(e), "",
         f"Regenerate: `python experiments/divergence.py --enclosure-only --preset {s['preset']} --threads {s['threads']}`.",
         "", f"![enclosure](figures/{figure_name(s['preset'])}.png)", ""])
+
+
+def ref_tol_text(ref_tol, tol) -> str:
+    """The reference tolerance as the settings give it ('auto': tol * 1e-3)."""
+    return f"tol * 1e-3 = {tol * 1e-3:g}" if ref_tol == "auto" else f"{ref_tol:g}"
 
 
 def actual_sentence(e) -> str:
