@@ -211,7 +211,7 @@ def enclosure_only_markdown(data, *, t1, shape) -> str:
         f"{e['nfe_forward']} NFE forward. Log-norm: {e['lognorm']} (per-token blocks: mu_2(J) <= ||T|| max ||D1_i|| "
         f"+ max mu_2(D2_i), looser than the dense one, affordable at this n); {e['lognorm_points']} point log-norms, "
         f"{e['fine_points']} defect sub-intervals (defect_ratio {s['enc_defect_ratio']}, mu_slack {s['enc_slack']}; "
-        f"reference at {ref_tol_text(s.get('enc_ref_tol', 'auto'), s['enc_tol'])} with defect target "
+        f"reference at {ref_tol_text(s.get('enc_ref_tol', 'auto'), e.get('ref_tol'))} with defect target "
         f"{s.get('enc_ref_defect_abs', 'adaptive')}).", "",
         report.md_table(["proven", "radius at t1", "actual error at t1", "radius / actual", "state norm at t1",
                          "largest tube", "int mu bound", "curvature", "variance floor", "stiffness h*mu", "seconds"],
@@ -228,9 +228,13 @@ def enclosure_only_markdown(data, *, t1, shape) -> str:
         "", f"![enclosure](figures/{figure_name(s['preset'])}.png)", ""])
 
 
-def ref_tol_text(ref_tol, tol) -> str:
-    """The reference tolerance as the settings give it ('auto': tol * 1e-3)."""
-    return f"tol * 1e-3 = {tol * 1e-3:g}" if ref_tol == "auto" else f"{ref_tol:g}"
+def ref_tol_text(asked, used) -> str:
+    """The reference tolerance the run used (the enclosure's stats), and the rule behind it where 'auto' chose it."""
+    from lipcheck.wellposed.enclosure import REF_FACTOR
+    if used is None:
+        return "an unrecorded tolerance" if asked == "auto" else f"{asked:g}"
+    factor = f"{REF_FACTOR:.0e}".replace("e-0", "e-")  # 1e-3, as proofs/S5.md writes it
+    return f"tol * {factor} = {used:g}" if asked == "auto" else f"{used:g}"
 
 
 def actual_sentence(e) -> str:
