@@ -28,6 +28,7 @@ from torch.func import jvp, vjp
 
 from .bounds import ssog_lipschitz, vector_field_lipschitz
 from .mixers.attention import DenseAttention
+from .wellposed.enclosure import REF_WORK_BUDGET
 from .mixers.ssog import SSoG
 
 F64 = torch.float64
@@ -276,8 +277,8 @@ ENCLOSE_TOL = 1e-6  # the solve every image's enclosure is built around (its ref
 
 
 def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: float | None = None,
-                   progress: bool = False, keep_center: bool = False, batch: int = 1,
-                   batches: list[list[int]] | None = None) -> list[dict]:
+                   max_work: float | None = REF_WORK_BUDGET, progress: bool = False, keep_center: bool = False,
+                   batch: int = 1, batches: list[list[int]] | None = None) -> list[dict]:
     """S5 as a proof on each image: `wellposed.enclose` on `batch` images at a time, and each image's actual error
     at t1 against an independent converged solve (fixed-step dopri8, `wellposed.reference_solution`).
 
@@ -286,6 +287,8 @@ def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: floa
     constants, so an image's radius depends on its batch mates (every one is still a proof) and on nothing else:
     each batch starts from fresh eigenvector guesses. `batches`: the index lists into images to prove (default:
     consecutive runs of `batch`; `lipcheck.shard` deals them out to processes); rows come in that order.
+    max_seconds, max_work: each enclose call's budgets (`wellposed.enclose_field`): a batch whose predicted work is
+    over max_work is refused before any proof, with the prediction and the constants as its reason.
 
     Per image: proven, the proven interval [0, t_proven], radius at t1, radius / actual error, seconds (its share
     of its batch's), the field's constants (`field`: the mixer's Lipschitz and curvature constants, the field's
@@ -310,19 +313,21 @@ def enclose_images(model, images, *, tol: float = ENCLOSE_TOL, max_seconds: floa
     constants_s = time.perf_counter() - t
     rows = []
     for idx in batches:
-        rows += _enclose_batch(field, block, x0[idx], t1, idx, tol=tol, max_seconds=max_seconds, progress=progress,
-                               keep_center=keep_center, constants_s=constants_s)
+        rows += _enclose_batch(field, block, x0[idx], t1, idx, tol=tol, max_seconds=max_seconds, max_work=max_work,
+                               progress=progress, keep_center=keep_center, constants_s=constants_s)
     return rows
 
 
-def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, progress, keep_center, constants_s) -> list[dict]:
+def _enclose_batch(field, block, x0, t1, idx, *, tol, max_seconds, max_work, progress, keep_center,
+                   constants_s) -> list[dict]:
     """The rows of one batch of images (global indices idx): one enclose call, one reference solve."""
     import time
 
     from . import wellposed
     t = time.perf_counter()
     field.reset()  # eigenvector guesses start afresh: a batch's numbers do not depend on the batch before it
-    enc = wellposed.enclose_field(field, x0, t1, tol=tol, max_seconds=max_seconds, progress=progress)
+    enc = wellposed.enclose_field(field, x0, t1, tol=tol, max_seconds=max_seconds, max_work=max_work,
+                                  progress=progress)
     seconds = (time.perf_counter() - t) / len(idx)
     ref = wellposed.reference_solution(block, x0, t1, rel_tol=1e-13, start_steps=64)
     actual = wellposed.sample_norm(ref.states[-1] - enc.center[-1]).tolist()

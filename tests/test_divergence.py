@@ -227,3 +227,37 @@ def test_preset_s_encloses_with_its_own_reference_settings(monkeypatch):
         with pytest.raises(Stop):
             mod.run_enclosure_only(args)
         assert (seen[-1]["ref_tol"], seen[-1]["ref_defect_abs"]) == want
+        assert "max_work" not in seen[-1]  # not given: enclose's own default budget
+
+
+def test_max_work_reaches_enclose_and_bad_values_are_refused(monkeypatch, capsys):
+    """--max-work N hands max_work = N to enclose (--enclosure-only) and to enclose_images (--checkpoint); inf hands
+    None (no budget); zero, negative or NaN stop with the flag named, before any work."""
+    from lipcheck import verdicts, wellposed
+    from lipcheck.commands import wellposed as mod
+    from lipcheck.commands.common import parse
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(*a, **kw):
+        seen.append(kw)
+        raise Stop
+    monkeypatch.setattr(wellposed, "enclose", record)
+    monkeypatch.setattr(mod, "build_models", lambda *a: (type("M", (), {"img_size": 8})(), None))
+    for flag, want in (("5e5", 5e5), ("inf", None)):
+        args, _ = parse(mod, ["--enclosure-only", "--preset", "ti", "--no-progress", "--max-work", flag])
+        with pytest.raises(Stop):
+            mod.run_enclosure_only(args)
+        assert seen[-1]["max_work"] == want
+    monkeypatch.setattr(verdicts, "enclose_images", record)
+    from lipcheck.commands import trained
+    args, _ = parse(mod, ["--checkpoint", "x", "--no-progress", "--max-work", "123"])
+    with pytest.raises(Stop):
+        trained._enclose_sharded(torch.nn.Linear(2, 2), torch.zeros(1, 1, 8, 8), args)
+    assert seen[-1]["max_work"] == 123.0
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit):
+            mod.main(["--max-work", bad, "--no-progress"])
+        assert "--max-work must be a positive number" in capsys.readouterr().err

@@ -1690,7 +1690,7 @@ def test_enclose_hands_every_setting_to_the_field_and_the_proof(monkeypatch):
     images = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=D)
     settings = dict(method="bosh3", tol=1e-4, ref_tol=1e-7, defect_ratio=0.5, mu_slack=0.125, max_per_step=64,
                     tube=1e-3, max_tube=1e-2, ref_defect_ratio=0.05, ref_mu_slack=0.375, ref_max_per_step=16,
-                    ref_defect_abs=1e-9, max_seconds=30.0)
+                    ref_defect_abs=1e-9, max_seconds=30.0, max_work=12345.0)
     assert wp.enclose(model, images, lognorm="structured", input_scale=0.5, progress=False, **settings) == "enclosure"
     block, H, W, kw = seen["field"]
     assert (H, W, kw["lognorm"], kw["dtype"]) == (2, 2, "structured", D) and block.norm1.weight.dtype == D
@@ -1714,10 +1714,11 @@ def test_direct_enclosure_solves_with_the_given_method_and_tolerance():
 @pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
 def test_reference_enclosure_refines_up_to_eight_times_max_per_step_by_default():
     """ref_max_per_step=None: the reference enclosure may refine a step up to 8 max_per_step sub-intervals (64 here,
-    forced by a tiny defect_ratio and ref_defect_abs; the budget stops after its first step)."""
+    forced by a tiny defect_ratio and ref_defect_abs; the time budget stops after its first step, and there is no work
+    budget: that target's predicted work is far above the default one)."""
     A, x0 = _linear_case()
     enc = wp.enclose_field(LinearField(A), x0, 1.0, tol=1e-4, ref_tol=1e-7, max_per_step=8, defect_ratio=1e-12,
-                           ref_defect_abs=1e-300, max_seconds=0.0)
+                           ref_defect_abs=1e-300, max_seconds=0.0, max_work=None)
     assert enc.reference.stats["fine_points"] == 64 and not enc.proven.any()
 
 
@@ -1953,7 +1954,8 @@ def test_a_log_norm_claim_between_the_certified_values_is_not_accepted():
 
 
 def test_bad_input_is_refused_with_the_argument_named():
-    """An empty batch, tol outside (0, 1), a negative or NaN max_seconds and a method the enclosure cannot follow
+    """An empty batch, tol outside (0, 1), a negative or NaN max_seconds, a max_work that is not a positive number
+    and a method the enclosure cannot follow
     (fixed-step, scipy_solver, unknown) are refused by name; the method message lists the valid ones."""
     A, x0 = _linear_case()
     f = LinearField(A)
@@ -1967,6 +1969,11 @@ def test_bad_input_is_refused_with_the_argument_named():
     for s in (-1.0, math.nan):
         with pytest.raises(ValueError, match="max_seconds"):
             wp.enclose_field(f, x0, 1.0, max_seconds=s)
+    for w in (0, -1.0, math.nan, True, "1e6"):
+        with pytest.raises(ValueError, match="max_work"):
+            wp.enclose_field(f, x0, 1.0, max_work=w)
+        with pytest.raises(ValueError, match="max_work"):
+            wp.enclose(_tiny_ode_vit(), torch.zeros(1, 3, 8, 8, dtype=D), max_work=w)
     for method in ("scipy_solver", "rk4", "nope"):
         with pytest.raises(ValueError, match="dopri5") as e:
             wp.enclose_field(f, x0, 1.0, method=method)

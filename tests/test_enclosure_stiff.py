@@ -55,6 +55,44 @@ def test_gain_8_is_refused_with_the_constant_that_blocks_it():
     assert enc.stats["seconds"]["total"] < 30
 
 
+def test_a_work_budget_refuses_before_any_proof_with_the_prediction_and_its_constants():
+    """max_work below the reference enclosure's predicted defect sub-intervals: refused before any proof (nothing
+    claimed beyond t = 0), the reason giving the count, max_work, the curvature and the Lipschitz constant; the
+    default budget proves the same image (no clock enters the choice: the same on any machine and under load)."""
+    model, images = _model(), _images(1)
+    enc = wp.enclose(model, images, max_work=1.0, progress=False)
+    assert not enc.proven.any() and math.isinf(float(enc.radius[-1, 0]))
+    assert enc.stats["refused"] is True and enc.stats["seconds"]["total"] < 30
+    why = enc.reason[0]
+    assert why.startswith("not attempted: the reference enclosure would need about") and "max_work = 1" in why
+    assert "M2 = " in why and "L = " in why and "a larger max_work (or None) tries it" in why
+    assert wp.enclose(model, images, progress=False).proven.all()  # default max_work = REF_WORK_BUDGET
+
+
+def test_the_work_budget_is_a_strict_bound_on_the_predicted_count(monkeypatch):
+    """_over_budget refuses exactly when the predicted count (the sum of `_sub_intervals` over y_ref's steps) is
+    above max_work: 7 sub-intervals pass max_work = 7 and are refused at 6.999; a NaN prediction is not refused
+    here (the proof then says what fails); one reason per sample, each with its own defect target."""
+    monkeypatch.setattr(E, "_sub_intervals", lambda field, steps, coefs, target: torch.tensor([3.0, 4.0], dtype=D))
+    monkeypatch.setattr(E, "_tube_aim", lambda field, steps, coefs: (0.1, 2.5, 0.04))
+    coefs = [torch.zeros(5, 2, 1, 1, 3, dtype=D)]
+
+    class F:
+        def lipschitz(self, v):
+            assert v == 0.04
+            return 9.5
+
+    pieces = ([(0.0, 1.0)], coefs)
+    assert E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), 7) is None
+    why = E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), 6.999)
+    assert len(why) == 2 and all("about 7 defect sub-intervals" in w and "max_work = 6.999" in w for w in why)
+    assert "M2 = 2.5 " in why[0] and "L = 9.5 " in why[0] and "token variance 0.04" in why[0]
+    assert "reference defect of 1e-07" in why[0] and "reference defect of 2e-07" in why[1]
+    assert len(E._over_budget(F(), pieces, 3e-6, 1.0)) == 2  # a given target (ref_defect_abs): the same for both
+    monkeypatch.setattr(E, "_sub_intervals", lambda *a: torch.tensor([math.nan], dtype=D))
+    assert E._over_budget(F(), pieces, 3e-6, 1.0) is None
+
+
 class _Stub:
     """A field with constant point log-norm lam and curvature K (no variance floor)."""
     uses_variance = False

@@ -3,6 +3,7 @@ run on a checkpoint, and the one error path for bad input (one line, the command
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -93,3 +94,10 @@ def exit_process(rc: int | None) -> None:
         sys.stderr.flush()
         os._exit(rc)
     raise SystemExit(rc)
+
+
+def work_budget(args) -> dict:
+    """enclose's max_work from --max-work: the library's default when not given, None (no budget) for inf."""
+    if getattr(args, "max_work", None) is None:
+        return {}
+    return {"max_work": None if math.isinf(args.max_work) else args.max_work}

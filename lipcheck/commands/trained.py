@@ -25,7 +25,7 @@ from lipcheck.reports.trained import (blocks_table, certificate_line, enclosure_
                                       sweep_table)
 
 from . import common
-from .common import fail, set_threads
+from .common import fail, set_threads, work_budget
 from .trained_analyses import certify, probe, well_posed
 
 SETTINGS = {
@@ -119,7 +119,8 @@ def _enclose_sharded(model, images, args) -> tuple[list[dict], dict]:
     with shard.processes(device) as info:
         plan = shard.batches(len(images), batch)
         mine = verdicts.enclose_images(model, images, batches=shard.share(plan, info.rank, info.world_size),
-                                       max_seconds=args.max_seconds, progress=not args.no_progress and info.is_main)
+                                       max_seconds=args.max_seconds, **work_budget(args),
+                                       progress=not args.no_progress and info.is_main)
         rows = shard.gather(mine, info, len(images))
     return rows, {"rank": info.rank, "world_size": info.world_size, "batch": batch, "batches": len(plan),
                   "all_test_images": bool(args.all_test_images), "wall_s": time.perf_counter() - start}

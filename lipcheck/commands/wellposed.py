@@ -24,7 +24,7 @@ from lipcheck.reports import wellposed as wellposed_report
 from lipcheck.reports import wellposed_enclosure
 
 from .common import (add_checkpoint_arguments, add_output_arguments, fail, not_with_checkpoint, parse,
-                     positive_int, set_threads)
+                     positive_int, set_threads, work_budget)
 from .wellposed_phases import (D, actual_error, build_models, certificate_phase, constants_row, contrast_phase,
                                enclosure_phase, gradient_phase, gronwall_phase, must_show, sweep_phase, time_major,
                                timed)
@@ -125,7 +125,8 @@ def run_enclosure_only(args) -> tuple[str, dict, list]:
                             defect_ratio=cfg["enc_defect_ratio"], max_per_step=cfg["enc_max_per_step"],
                             ref_tol=cfg["enc_ref_tol"], ref_max_per_step=cfg["enc_ref_max_per_step"],
                             ref_defect_abs=cfg["enc_ref_defect_abs"],
-                            max_seconds=args.max_seconds, device=device, dtype=D, progress=not args.no_progress)
+                            max_seconds=args.max_seconds, **work_budget(args), device=device, dtype=D,
+                            progress=not args.no_progress)
     seconds = time.perf_counter() - start
     block, x0, t1 = wellposed.prepare(ssog, images, device=device)
     e = {"gain": args.gain, **enc.summary(), "state_norm_t1": wellposed.sample_norm(enc.center[-1]).tolist(),
@@ -155,6 +156,11 @@ def add_arguments(p) -> None:
     p.add_argument("--max-seconds", type=float, default=None,
                    help="a time budget for each enclosure (--enclosure-only; with --checkpoint each batch's); when "
                         "used up, the report says up to which t the enclosure is proven and with which radius")
+    p.add_argument("--max-work", type=float, default=None,
+                   help="a budget in units of work for each enclosure: the defect sub-intervals its reference "
+                        "enclosure is predicted to need (default lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no "
+                        "budget); over it, the report gives the prediction and the field's constants as the reason, "
+                        "without trying. Unlike --max-seconds, the same on any machine and under any load")
     p.add_argument("--all-test-images", action="store_true",
                    help="with --checkpoint: every image of the data set's test split (not with --images); under "
                         "torchrun the batches are shared out over the processes and rank 0 writes one report, "
@@ -185,6 +191,8 @@ def default_threads(preset: str, checkpoint) -> int:
 def run(args, p) -> int:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
+    if args.max_work is not None and not args.max_work > 0:
+        p.error(f"--max-work must be a positive number of defect sub-intervals (inf: no budget), got {args.max_work}")
     if args.threads is None:
         args.threads = default_threads(args.preset, args.checkpoint)
     if args.checkpoint:

@@ -54,6 +54,11 @@ REF_WORK_FLOOR = 1e-3  # ... with its target at most 1000x below ref_defect_rati
 REF_TUBE = 0.25  # ... but r_ref aimed at <= this / M2 (the tube's curvature term then adds <= this to the log-norm)
 REF_REACH = 1e-12  # a reference defect below this times sup ||y'|| is out of float64's reach: refused, not tried
 REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps where the tube needs them)
+# the default work budget (max_work) of an enclosure: the defect sub-intervals its reference enclosure is predicted to
+# need (`_sub_intervals`, a count of field evaluations: the same on any machine and under any load). The prediction
+# is 1.5-2.3x the count used on the digits ODE models proven (SSoG trained and init, attention init: 25600-89998
+# used, 43000-207000 predicted); the trained attention model predicts 8.9-9.5e6 and reached t = 0.013 in 240 s
+REF_WORK_BUDGET = 2_000_000
 REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 # ref_mu_slack by default: the larger of mu_slack and this / t1. The slack adds about itself to the log-norm of
 # every interval, so about a factor e^(slack t1) = e at most to r_ref, REF_SHARE of the radius or less; the
@@ -70,7 +75,8 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
             defect_ratio: float = 0.25, mu_slack: float = 0.25, max_per_step: int = 1024, tube: float | None = None,
             max_tube: float | None = None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
             ref_max_per_step: int | None = None, ref_defect_abs: float | None = None, max_seconds: float | None = None,
-            input_scale: float = 1.0, device=None, dtype=torch.float64, progress: bool = True) -> Enclosure:
+            max_work: float | None = REF_WORK_BUDGET, input_scale: float = 1.0, device=None, dtype=torch.float64,
+            progress: bool = True) -> Enclosure:
     """Proven enclosure of the ODE ViT's true trajectory from x0 = embed(images) on [0, t1] (SPEC S5).
 
     Solves with `method` (an adaptive Runge-Kutta method with dense output) at rtol = atol = `tol` in (0, 1), then
@@ -80,10 +86,11 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
     tube tried. Where a check fails the sample is not proven, its radius is inf from there on and `reason` says
     which check failed, where (t, step) and with which numbers. Existence and uniqueness of x on [0, t1] follow
     for every proven sample (Theorem 5). The model is enclosed in `dtype` (float64: a float32 model's weights are
-    re-embedded exactly, and the statement is about that float64 field).
+    re-embedded exactly, and the statement is about that float64 field). `max_seconds` and `max_work`: the
+    budgets of `enclose_field`.
     """
     check_method(method)
-    check_settings(tol, max_seconds)
+    check_settings(tol, max_seconds, max_work)
     if torch.as_tensor(images).shape[:1] == (0,):
         raise EnclosureError("images is an empty batch: give at least one image")
     block, x0, t1 = prepare(model, images, input_scale=input_scale, device=device, dtype=dtype)
@@ -92,7 +99,7 @@ def enclose(model, images, *, method: str = "dopri5", tol: float = 1e-3, ref_tol
                          mu_slack=mu_slack, max_per_step=max_per_step, tube=tube, max_tube=max_tube,
                          ref_defect_ratio=ref_defect_ratio, ref_mu_slack=ref_mu_slack,
                          ref_max_per_step=ref_max_per_step, ref_defect_abs=ref_defect_abs, max_seconds=max_seconds,
-                         progress=progress)
+                         max_work=max_work, progress=progress)
 
 
 def _resolve_ref_tol(tol, ref_tol):
@@ -126,7 +133,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
                   solver_field=None, ref_defect_ratio: float = 0.02, ref_mu_slack: float | None = None,
                   ref_max_per_step: int | None = None, ref_max_steps: int = 4096,
                   ref_defect_abs: float | None = None, max_seconds: float | None = None,
-                  progress: bool = False) -> Enclosure:
+                  max_work: float | None = REF_WORK_BUDGET, progress: bool = False) -> Enclosure:
     """The enclosure of field's true solution around the solve y at rtol = atol = `tol` (Theorems 5 and 6).
 
     ref_tol = None: the direct enclosure of y (Theorem 5). Otherwise (default "auto": tol * 1e-3, not below 1e-11;
@@ -140,8 +147,13 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     until the remainder is below a per-sample target (`_defect_target`: aimed at r_ref(t1) <= 0.1
     ||y(t1) - y_ref(t1)|| from an estimate of int mu, at most `ref_defect_ratio` times a rough sup ||y - y_ref||
     / t1), or below `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most
-    `ref_max_steps`) until its sampled defect is below the same target. `max_seconds`: a time budget for the enclosure loop; when it is used
-    up the samples not yet proven get the reason "time budget ... proven on [0, t] with radius r there".
+    `ref_max_steps`) until its sampled defect is below the same target. `max_seconds`: a time budget for the
+    enclosure loop; when it is used up the samples not yet proven get the reason "time budget ... proven on [0, t]
+    with radius r there".
+    `max_work` (default REF_WORK_BUDGET; None: no budget): a budget in units of work, the same on any machine. Where
+    the reference enclosure is predicted to need more defect sub-intervals than this (`_sub_intervals`, from the
+    field's curvature and Lipschitz constants and the defect target), the batch is refused before any proof, each
+    sample's reason giving the prediction and the constants behind it (a tuning test: it enters no bound).
 
     The field object has the `SSoGField` interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
     lognorm(y, v, eps_J), uses_variance). `mu_claim` (float or callable y -> (B,)): a claimed point log-norm, used
@@ -151,6 +163,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     `field`): the trajectories may come from anything, e.g. a cheaper or perturbed model; the enclosure is always
     of `field`'s true solution."""
     check_method(method)
+    check_settings(tol, max_seconds, max_work)
     opts = DirectOptions(method=method, tol=tol, defect_ratio=defect_ratio, mu_slack=mu_slack,
                          max_per_step=max_per_step, tube=tube, max_tube=max_tube, mu_claim=mu_claim,
                          solver_field=solver_field, progress=progress, max_seconds=max_seconds)
@@ -164,7 +177,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     solve_seconds = time.perf_counter() - start
     per_step = ref_max_per_step or 8 * max_per_step
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
-                                        ref_max_steps, field=field, max_per_step=per_step)
+                                        ref_max_steps, field=field, max_per_step=per_step, max_work=max_work)
     if rpieces is None:  # the defect it would need is out of float64's reach: refused, not tried
         return _refused(field, x0, t1, steps, coefs, sol, target, tol, rt, start)
     slack = ref_mu_slack or max(mu_slack, REF_SLACK_GROWTH / t1)
@@ -258,6 +271,24 @@ def _out_of_reach(field, steps, coefs, t1, g=None):
             f"({REF_REACH:g} sup ||y'|| = {float(rb):.3g})" for gb, nb, rb in zip(g, need, reach)]
 
 
+def _over_budget(field, rpieces, target, max_work):
+    """Per sample, why the enclosure is refused for its work, or None: the defect sub-intervals the reference
+    enclosure is predicted to need (`_sub_intervals` on y_ref's first steps, worst sample per step, so one count for
+    the batch) above max_work. The reason names the count and the constants that set it."""
+    tgt = torch.as_tensor(target, dtype=torch.float64).reshape(-1)
+    work = float(_sub_intervals(field, *rpieces[:2], tgt).sum())
+    if not work > max_work:  # NaN: not refused here (the proof itself then says what fails)
+        return None
+    _, M2, v = _tube_aim(field, *rpieces[:2])
+    L = float(field.lipschitz(v)) if hasattr(field, "lipschitz") else 0.0
+    B = rpieces[1][0].shape[1]
+    tgts = tgt.expand(B).tolist()
+    return [f"not attempted: the reference enclosure would need about {work:.3g} defect sub-intervals, over the work "
+            f"budget max_work = {max_work:.6g} (predicted from the field's curvature M2 = {M2:.4g} and Lipschitz "
+            f"constant L = {L:.4g} at token variance {v:.3g}, for a reference defect of {t:.3g}); a larger max_work "
+            f"(or None) tries it" for t in tgts]
+
+
 def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclosure:
     """The enclosure of samples refused before any proof: nothing proven beyond t = 0 (radius inf at t1)."""
     from .defect import jumps_and_start, step_bounds
@@ -267,7 +298,8 @@ def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclo
     nan = torch.full((1, B), math.nan, **fk)
     stats = {"method": None, "tol": tol, "ref_tol": rt, "nfe_forward": sol["nfe_forward"], "refused": True,
              "steps": sol["steps"], "step_sizes": [b - a for a, b in steps], "method_kind": "refused",
-             "seconds": {"total": time.perf_counter() - start}}
+             # no tube was tried: the variance the refusal's constants were taken at (`_tube_aim`, an estimate)
+             "variance_floor": _tube_aim(field, steps, coefs)[2], "seconds": {"total": time.perf_counter() - start}}
     return Enclosure(proven=torch.zeros(B, dtype=torch.bool), t=torch.tensor([0.0, t1], **fk),
                      center=torch.stack([coefs[0][0], coefs[-1].sum(0)]),
                      radius=torch.stack([r0.to(**fk), torch.full((B,), math.inf, **fk)]), reason=list(reasons),
@@ -276,11 +308,12 @@ def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclo
 
 
 def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None,
-                      max_per_step=None):
+                      max_per_step=None, max_work=None):
     """y_ref's piecewise quartic and the defect target it is tuned to (per sample, `_defect_target`, or
     ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
     sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
-    (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`)."""
+    (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`), or the work it
+    would take is over max_work (`_over_budget`)."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     if ref_defect_abs is not None or field is None:  # a given target: tightness alone, REF_STEPS steps
         ref_max_steps = min(ref_max_steps, REF_STEPS)
@@ -296,6 +329,10 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
         target, needed = _defect_target(field, user, rpieces, t1, ref_defect_ratio, g=g)
         if not needed:  # beyond REF_STEPS reference steps only where the tube needs them
             ref_max_steps = min(ref_max_steps, REF_STEPS)
+    if field is not None and max_work is not None:
+        refusal = _over_budget(field, rpieces, target, max_work)
+        if refusal is not None:
+            return None, refusal
     forced = []  # the times the reference is made to step to, kept from one refinement to the next
     for _ in range(3):
         d = _step_defects(sf, *rpieces[:2]).double().cpu()  # (K, B)

@@ -45,12 +45,16 @@ def check_method(method) -> str:
     return method
 
 
-def check_settings(tol, max_seconds) -> None:
+def check_settings(tol, max_seconds, max_work=None) -> None:
     if not (isinstance(tol, (int, float)) and math.isfinite(tol) and 0 < tol < 1):
         raise EnclosureError(f"tol must be a number in (0, 1) (rtol = atol = tol), got {tol!r}")
     # 0 is allowed: the first step is done, then the budget is spent
     if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds >= 0):
         raise EnclosureError(f"max_seconds must be a number of seconds >= 0 or None, got {max_seconds!r}")
+    if max_work is not None and not (isinstance(max_work, (int, float)) and not isinstance(max_work, bool)
+                                     and max_work > 0 and not math.isnan(max_work)):
+        raise EnclosureError(f"max_work must be a positive number of defect sub-intervals or None (no budget), "
+                             f"got {max_work!r}")
 
 
 def check_inputs(x0, t1, opts: DirectOptions) -> None:
