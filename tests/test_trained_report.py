@@ -53,3 +53,43 @@ def test_many_enclose_calls_give_the_constants_as_quantiles():
     assert many[2].startswith("| ssog (min of 20) | 7 | 1.7 | 0 | 0.01 | 30 | 100 | 3 |")
     assert many[3].startswith("| ssog (median of 20) | 7 | 1.7 | 0 | 0.105 | 30 | 109.5 | 3.95 |")
     assert many[4].startswith("| ssog (max of 20) | 7 | 1.7 | 0 | 0.2 | 30 | 119 | 4.9 |")
+
+
+def test_the_whole_split_is_counted_with_the_unproven_grouped_by_reason(tmp_path):
+    """whole_split: a run of --all-test-images read back from RUN/verdicts/data/wellposed_all.json (only for the
+    checkpoint's own epoch), its images counted (proven, refused before any proof, other), the unproven grouped by
+    their reason with the numbers blanked (two work-budget refusals with different predictions are one group, the
+    range of their predictions given), radius / actual quantiles over the proven; the verdict gains the counts and
+    holds only if every SSoG image of the split is proven."""
+    import json
+
+    from lipcheck.reports import whole_split as ws
+    work = ("not attempted: the reference enclosure would need about {} defect sub-intervals, over the work budget "
+            "max_work = 2e+06")
+    rows = [dict(_row("attention", False, 1.2e3, 2.2e4, 9.0), image=i, reason=work.format(n))
+            for i, n in enumerate(("9.5e+06", "3.1e+06", "8.87e+06"))]
+    rows.append(dict(_row("attention", False, 1.2e3, 2.2e4, 9.0), image=3))  # "time budget used up"
+    rows += [dict(_row("attention", True, 1.2e3, 2.2e4, 9.0), image=4 + i, ratio_t1=r) for i, r in enumerate((1, 3, 2))]
+    run = {"wall_s": 120.0, "world_size": 2, "batch": 1, "batches": 7}
+    data = {"epoch": 8, "mixer": "attention", "enclosure": rows, "run": run,
+            "stamp": {"command": "torchrun --nproc_per_node 2 -m lipcheck.cli wellposed ...", "commit": "abc1234"}}
+    (tmp_path / "verdicts" / "data").mkdir(parents=True)
+    (tmp_path / "verdicts" / "data" / "wellposed_all.json").write_text(json.dumps(data))
+    ckpt = tmp_path / "checkpoint.pt"
+    assert ws.load(ckpt, 7) is None and ws.load(tmp_path / "elsewhere" / "checkpoint.pt", 8) is None
+    s = ws.summarize("ode/attention", ws.load(ckpt, 8))
+    assert (s["images"], s["proven"], s["refused"]) == (7, 3, 3)
+    assert s["quantiles"]["ratio_t1"] == [1, 2, 3]
+    (g1, g2) = s["reasons"]
+    assert (g1["count"], g1["images"], g1["first_range"]) == (3, [0, 1, 2], [3.1e6, 9.5e6])
+    assert (g2["count"], g2["images"], g2["example"]) == (1, [3], "time budget used up")
+    md = "\n".join(ws.section([s]))
+    assert "| ode/attention | 7 | **3/7** | 3 | 1 | 1 / 2 / 3 | 2.0 min on 2 | abc1234 |" in md
+    assert "**3** image(s) (first number 3.1e+06-9.5e+06), for example image 0: not attempted" in md
+    assert "torchrun --nproc_per_node 2" in md and ws.section([]) == []
+    ssog = {"variant": "ode", "mixer": "ssog", "epoch": 8,
+            "trained": {"enclosure": [_row("ssog", True, 0.0, 441.0, 3.0)], "certify": {"ssog": [{"gap": 1e-7}]}}}
+    v = trained.report_verdict([ssog], [s])
+    assert v["status"] == "holds" and v["number"].endswith(
+        "whole test split, ode/attention: 3/7 proven (3 refused for their predicted work).")
+    assert trained.report_verdict([ssog], [dict(s, mixer="ssog")])["status"] == "partial"  # an SSoG image unproven

@@ -21,6 +21,7 @@ from lipcheck import checkpoint as C
 from lipcheck import report, shard, verdicts
 from lipcheck import train as T
 from lipcheck.reports import trained as trained_report
+from lipcheck.reports import whole_split
 from lipcheck.reports.trained import (blocks_table, certificate_line, enclosure_summary, probe_table, ssog_table,
                                       sweep_table)
 
@@ -285,35 +286,41 @@ def run(args, p) -> int:
         print(f"trained: error: {e}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start
-    data = {"mode": mode, "settings": cfg, "elapsed_s": elapsed, "models": results}
+    splits = [whole_split.summarize(f"{a['variant']}/{a['mixer']}", d) for a in results
+              if (d := whole_split.load(a["checkpoint"], a["epoch"])) is not None]
+    data = {"mode": mode, "settings": cfg, "elapsed_s": elapsed, "models": results, "all_test_images": splits}
     for name, fig in trained_report.figures(data):
         report.save_figure(fig, name, st, args.docs)
-    md = trained_report.markdown(data, trained_here=trained_here, threads=torch.get_num_threads())
-    v = report_verdict(results)
+    md = trained_report.markdown(data, trained_here=trained_here, threads=torch.get_num_threads(),
+                                 splits_md=whole_split.section(splits))
+    v = report_verdict(results, splits)
     path = report.write_report("trained", md, data, st, docs=args.docs, json_path=args.json, verdict=v)
     print(f"({elapsed:.0f} s)")
     report.print_verdict(v, path)
     return 0
 
 
-def report_verdict(results: list[dict]) -> dict:
-    """S1-S5 on trained models: every SSoG bound sound, every SSoG ODE image's enclosure proven."""
+def report_verdict(results: list[dict], splits: list[dict] = ()) -> dict:
+    """S1-S5 on trained models: every SSoG bound sound, every SSoG ODE image's enclosure proven (and of the whole
+    test split where it was run: `whole_split`)."""
     gaps = [r["gap"] for a in results for r in a["trained"]["certify"]["ssog"]]
     encl = [e for a in results if a["mixer"] == "ssog" for e in a["trained"].get("enclosure", [])]
     proven = sum(e["proven"] for e in encl)
-    ok = all(math.isfinite(g) and g >= 0 for g in gaps) and encl and proven == len(encl)
+    whole = [s for s in splits if s["mixer"] == "ssog"]
+    ok = (all(math.isfinite(g) and g >= 0 for g in gaps) and encl and proven == len(encl)
+          and all(s["proven"] == s["images"] for s in whole))
     att = [e for a in results if a["mixer"] == "attention" for e in a["trained"].get("enclosure", [])]
     return report.verdict("S1-S5 on models trained by `lipcheck train` (digits)", "holds" if ok else "partial",
                           f"Loosest certified SSoG gap {max(gaps):.2e} over {len(gaps)} layer x grid bounds; proven "
                           f"enclosures of the trained SSoG ODE model: "
                           + (f"{proven}/{len(encl)} images" if encl else "not run")
-                          + (f"; of the trained attention ODE model: {sum(e['proven'] for e in att)}/{len(att)}."
-                             if att else "."))
+                          + (f"; of the trained attention ODE model: {sum(e['proven'] for e in att)}/{len(att)}"
+                             if att else "") + whole_split.verdict_text(splits) + ".")
 
 
 def verdict_from(data: dict) -> dict:
     """The verdict of a finished run from its JSON (lipcheck report --verdicts)."""
-    return report_verdict(data["models"])
+    return report_verdict(data["models"], data.get("all_test_images", []))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from lipcheck import report, verdicts  # noqa: E402
+from lipcheck.wellposed import REF_WORK_BUDGET  # noqa: E402
 
 COLORS = {"trained": "C0", "init": "C7"}
 
@@ -156,12 +157,12 @@ def name_of(a: dict) -> str:
     return f"{a['variant']}/{a['mixer']}"
 
 
-def markdown(data: dict, *, trained_here: bool, threads: int) -> str:
+def markdown(data: dict, *, trained_here: bool, threads: int, splits_md: list[str] = ()) -> str:
     """docs/trained.md from the command's numbers; trained_here: whether this run trained the models first,
-    threads: torch's CPU threads."""
+    threads: torch's CPU threads; splits_md: the whole-test-split part (`whole_split.section`), after the proofs."""
     results, cfg = data["models"], data["settings"]
     md = intro(results, cfg) + s12_section(results) + s3_section(results) + s4_section(results, cfg)
-    md += s5_section(results, cfg) + enclosure_section(results, cfg) + own_model_section()
+    md += s5_section(results, cfg) + enclosure_section(results, cfg) + list(splits_md) + own_model_section()
     return "\n".join(md + regenerate_section(data["mode"], data["elapsed_s"], trained_here, threads))
 
 
@@ -348,7 +349,10 @@ def enclosure_section(results, cfg: dict | None = None) -> list[str]:
                 consts.append((f"{name_of(a)}, {state}", a[state]["enclosure"]))
     if cfg is not None and cfg.get("enclosure_seconds"):
         md += [f"Each model's enclose call had a budget of {cfg['enclosure_seconds']:g} s; where it was used up, the "
-               "row says up to which t the proof holds.", ""]
+               "row says up to which t the proof holds. Each also had the default work budget (max_work = "
+               f"{REF_WORK_BUDGET:.3g} defect sub-intervals predicted for its reference enclosure): an image predicted "
+               "above it is refused before any proof, its reason giving the prediction and the constants behind it.",
+               ""]
     table = constants_side_by_side(consts)
     if table:
         md += ["The constants each proof used, the two mixers side by side (proofs/S5.md, Lemma 2 and \"The "
