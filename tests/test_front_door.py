@@ -188,3 +188,18 @@ def test_a_mixer_without_a_field_is_refused_naming_it(runs):
     rows = verdicts.enclose_images(model, C.images(ck, n=1))
     assert rows[0]["refused"] and not rows[0]["proven"] and math.isinf(rows[0]["radius_t1"])
     assert "Identity" in rows[0]["reason"]
+
+
+def test_an_image_over_the_work_budget_is_refused_without_the_independent_solve(runs, monkeypatch):
+    """enclose_images with max_work below the prediction: each row not proven, radius inf, the reason the
+    refusal's (the prediction and the constants), no actual error (the independent solve is not run: it is only
+    compared with a proof), the constants still reported at the variance the prediction used."""
+    from lipcheck import wellposed
+    ck = C.load(runs / "ode-ssog")
+    monkeypatch.setattr(wellposed, "reference_solution", lambda *a, **k: pytest.fail("solved for a refused image"))
+    rows = verdicts.enclose_images(ck.model, C.images(ck, n=2), max_work=10.0)
+    for r in rows:
+        assert not r["proven"] and math.isinf(r["radius_t1"]) and r["t_proven"] == 0.0
+        assert r["reason"].startswith("not attempted: the reference enclosure would need about")
+        assert (r["actual_t1"], r["ratio_t1"], r["inside"], r["reference_error"]) == (None, None, None, None)
+        assert r["field"]["variance_floor"] > 0 and r["field"]["curvature"] > 0
