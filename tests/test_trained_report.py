@@ -72,7 +72,7 @@ def test_the_whole_split_is_counted_with_the_unproven_grouped_by_reason(tmp_path
     rows += [dict(_row("attention", True, 1.2e3, 2.2e4, 9.0), image=4 + i, ratio_t1=r) for i, r in enumerate((1, 3, 2))]
     run = {"wall_s": 120.0, "world_size": 2, "batch": 1, "batches": 7}
     data = {"epoch": 8, "mixer": "attention", "enclosure": rows, "run": run,
-            "stamp": {"command": "torchrun --nproc_per_node 2 -m lipcheck.cli wellposed ...", "commit": "abc1234"}}
+            "stamp": {"command": "lipcheck wellposed --all-test-images", "commit": "abc1234"}}
     (tmp_path / "verdicts" / "data").mkdir(parents=True)
     (tmp_path / "verdicts" / "data" / "wellposed_all.json").write_text(json.dumps(data))
     ckpt = tmp_path / "checkpoint.pt"
@@ -85,8 +85,8 @@ def test_the_whole_split_is_counted_with_the_unproven_grouped_by_reason(tmp_path
     assert (g2["count"], g2["images"], g2["example"]) == (1, [3], "time budget used up")
     md = "\n".join(ws.section([s]))
     assert "| ode/attention | 7 | **3/7** | 3 | 1 | 1 / 2 / 3 | 2.0 min on 2 | abc1234 |" in md
-    assert "**3** image(s) (first number 3.1e+06-9.5e+06), for example image 0: not attempted" in md
-    assert "torchrun --nproc_per_node 2" in md and ws.section([]) == []
+    assert "**3** image(s) (the number in the reason from 3.1e+06 to 9.5e+06), for example image 0: not attempted" in md
+    assert "torchrun --nproc_per_node 2 -m lipcheck.cli wellposed --all-test-images" in md and ws.section([]) == []
     ssog = {"variant": "ode", "mixer": "ssog", "epoch": 8,
             "trained": {"enclosure": [_row("ssog", True, 0.0, 441.0, 3.0)], "certify": {"ssog": [{"gap": 1e-7}]}}}
     v = trained.report_verdict([ssog], [s])

@@ -78,7 +78,11 @@ def enclosure_table(rows: list[dict]) -> str:
     def cell(r):
         if r["proven"]:
             return "proven on [0, t1]"
-        return "refused" if r.get("refused") else f"not proven; proven on [0, {r['t_proven']:.4g}]"
+        if r.get("refused"):
+            return "refused"
+        if (r.get("reason") or "").startswith("not attempted"):
+            return "not attempted"
+        return f"not proven; proven on [0, {r['t_proven']:.4g}]"
     return report.md_table(["image", "verdict", "radius at t1", "actual error at t1", "radius / actual", "seconds",
                             "reason (where not proven)"],
                            [[r["image"], cell(r), f"{r['radius_t1']:.3g}",
@@ -137,8 +141,8 @@ def enclosure_summary(rows: list[dict], run: dict, *, t1: float, noun: str = "im
         md += [report.md_table(["over the proven images", "min", "median", "max"], quant), ""]
     md += [f"{wall:.1f} s wall for {len(rows)} images on {world} process{'es' if world > 1 else ''} in batches of "
            f"{run['batch']} ({run['batches']} enclose calls): {wall / len(rows):.2f} s per image, "
-           f"{wall * world / len(rows):.2f} process-seconds per image (with the reference solves; an image's "
-           f"seconds below are its share of its batch's enclosure).", ""]
+           f"{wall * world / len(rows):.2f} process-seconds per image (with the independent solves of the images "
+           f"attempted; an image's seconds below are its share of its batch's enclosure).", ""]
     consts = field_constants_table(rows)
     if consts:
         md += ["The field's constants (proofs/S5.md, Lemma 2 and \"The attention field\"): the mixer's Lipschitz bound "

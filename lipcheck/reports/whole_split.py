@@ -27,6 +27,11 @@ def load(checkpoint: str | Path, epoch: int) -> dict | None:
     return data if data.get("epoch") == epoch and data.get("enclosure") else None
 
 
+def _number(v):
+    """A JSON value back as the number it was: the report's JSON writes inf and nan as strings."""
+    return float(v) if v in ("inf", "-inf", "nan") else v
+
+
 def reason_groups(rows: list[dict]) -> list[dict]:
     """The unproven images grouped by their reason with its numbers blanked: count, one example, and the range of
     the first number of each reason (the predicted work, or the t reached), most frequent first."""
@@ -59,11 +64,12 @@ def summarize(name: str, data: dict) -> dict:
         if vals:
             quant[key] = [vals[0], statistics.median(vals), vals[-1]]
     stamp = data.get("stamp") or {}
+    fields = [dict(r, field={k: _number(v) for k, v in r["field"].items()}) for r in rows if r.get("field")]
     return {"model": name, "mixer": data.get("mixer"), "images": len(rows), "proven": len(proven),
             "refused": sum(1 for r in rows if not r["proven"] and (r.get("reason") or "").startswith("not attempted")),
             "reasons": reason_groups(rows), "quantiles": quant, "wall_s": run["wall_s"],
             "world_size": run["world_size"], "command": stamp.get("command"), "commit": stamp.get("commit"),
-            "date": stamp.get("date"), "constants": field_constants_table(rows)}
+            "date": stamp.get("date"), "constants": field_constants_table(fields)}
 
 
 def section(splits: list[dict]) -> list[str]:
@@ -88,7 +94,8 @@ def section(splits: list[dict]) -> list[str]:
         for g in s["reasons"]:
             rng = g["first_range"]
             md += [f"- {s['model']}: **{g['count']}** image(s)"
-                   + (f" (first number {rng[0]:.3g}-{rng[1]:.3g})" if rng and rng[0] != rng[1] else "")
+                   + (f" (the number in the reason from {rng[0]:.3g} to {rng[1]:.3g})"
+                      if rng and rng[0] != rng[1] else "")
                    + f", for example image {g['images'][0]}: {g['example']}"]
     if any(s["reasons"] for s in splits):
         md += [""]
@@ -97,8 +104,16 @@ def section(splits: list[dict]) -> list[str]:
         md += ["The constants of every enclose call, per mixer (min, median and max over the split where it has many "
                "calls; for a refused image the constants its prediction used):", ""]
         md += [t + "\n" for t in tables]
-    md += ["Made by:", "", "```"] + [s["command"] for s in splits if s["command"]] + ["```", ""]
+    md += ["Made by:", "", "```"] + [_launch(s) for s in splits if s["command"]] + ["```", ""]
     return md
+
+
+def _launch(s: dict) -> str:
+    """The run's command as launched: its stamp records `lipcheck ...` in each torchrun process."""
+    cmd, world = s["command"], s["world_size"]
+    if world > 1 and cmd.startswith("lipcheck "):
+        return f"torchrun --nproc_per_node {world} -m lipcheck.cli {cmd[len('lipcheck '):]}"
+    return cmd
 
 
 def verdict_text(splits: list[dict]) -> str:
