@@ -57,7 +57,8 @@ REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps
 # the default work budget (max_work) of an enclosure: the defect sub-intervals its reference enclosure is predicted to
 # need (`_sub_intervals`, a count of field evaluations: the same on any machine and under any load). The prediction
 # is 1.5-2.3x the count used on the digits ODE models proven (SSoG trained and init, attention init: 25600-89998
-# used, 43000-207000 predicted); the trained attention model predicts 8.9-9.5e6 and reached t = 0.013 in 240 s
+# used, 43000-207000 predicted); the trained attention model predicts 3.4e6-1.2e8 over its 450 test images (images
+# 0 and 1: 9.5e6 and 8.9e6, and t = 0.013 reached in 240 s). ti and s predict 3.7e4 and 1.9e4 at their settings
 REF_WORK_BUDGET = 2_000_000
 REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 # ref_mu_slack by default: the larger of mu_slack and this / t1. The slack adds about itself to the log-norm of
@@ -178,7 +179,7 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     per_step = ref_max_per_step or 8 * max_per_step
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
                                         ref_max_steps, field=field, max_per_step=per_step, max_work=max_work)
-    if rpieces is None:  # the defect it would need is out of float64's reach: refused, not tried
+    if rpieces is None:  # the defect it would need is out of float64's reach, or its work over max_work: refused
         return _refused(field, x0, t1, steps, coefs, sol, target, tol, rt, start)
     slack = ref_mu_slack or max(mu_slack, REF_SLACK_GROWTH / t1)
     ref_opts = dataclasses.replace(opts, tol=rt, mu_slack=slack, defect_abs=target,
