@@ -66,6 +66,8 @@ def test_a_work_budget_refuses_before_any_proof_with_the_prediction_and_its_cons
     why = enc.reason[0]
     assert why.startswith("not attempted: the reference enclosure would need about") and "max_work = 1" in why
     assert "M2 = " in why and "L = " in why and "a larger max_work (or None) tries it" in why
+    v = float(why.split("token variance ")[1].split(",")[0])  # the variance its constants were taken at, reported
+    assert enc.stats["variance_floor"] == pytest.approx(v, rel=5e-3) and v > 0
     assert wp.enclose(model, images, progress=False).proven.all()  # default max_work = REF_WORK_BUDGET
 
 
