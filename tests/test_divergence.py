@@ -261,3 +261,7 @@ def test_max_work_reaches_enclose_and_bad_values_are_refused(monkeypatch, capsys
         with pytest.raises(SystemExit):
             mod.main(["--max-work", bad, "--no-progress"])
         assert "--max-work must be a positive number" in capsys.readouterr().err
+    for flag in ("--max-work", "--max-seconds"):  # the full job (no --enclosure-only, no --checkpoint): refused
+        with pytest.raises(SystemExit):
+            mod.main([flag, "100", "--no-progress"])
+        assert f"{flag} budgets the proof of --enclosure-only or --checkpoint RUN" in capsys.readouterr().err

@@ -206,6 +206,10 @@ def run(args, p) -> int:
         if given:
             raise SystemExit(fail(p.prog, f"{flag} chooses the images of a trained model: give --checkpoint RUN, "
                                           f"or drop {flag}"))
+    for flag, given in (("--max-seconds", args.max_seconds is not None), ("--max-work", args.max_work is not None)):
+        if given and not args.enclosure_only:  # the full job's enclosures run to the end: nothing to budget
+            raise SystemExit(fail(p.prog, f"{flag} budgets the proof of --enclosure-only or --checkpoint RUN: add "
+                                          f"one of them, or drop {flag}"))
     for name in ("gain", "cert_gain"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
             p.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
