@@ -87,6 +87,12 @@ def test_the_whole_split_is_counted_with_the_unproven_grouped_by_reason(tmp_path
     assert "| ode/attention | 7 | **3/7** | 3 | 1 | 1 / 2 / 3 | 2.0 min on 2 | abc1234 |" in md
     assert "**3** image(s) (the number in the reason from 3.1e+06 to 9.5e+06), for example image 0: not attempted" in md
     assert "torchrun --nproc_per_node 2 -m lipcheck.cli wellposed --all-test-images" in md and ws.section([]) == []
+    twin = dict(s, model="ode/ssog", constants=s["constants"].replace("attention", "ssog"))
+    both = ws.section([s, twin])  # one constants table: one header, both mixers' lines under it
+    assert sum(line.startswith("| mixer |") for line in both) == 1
+    assert any(line.startswith("| attention |") for line in both) and any(line.startswith("| ssog |") for line in both)
+    refused = dict(_row("attention", False, 1.2e3, 2.2e4, float("nan")), image=9)
+    assert tr.field_constants_table([refused]).splitlines()[2].endswith("| 2.2e+04 | - |")  # no tube: no log-norm
     ssog = {"variant": "ode", "mixer": "ssog", "epoch": 8,
             "trained": {"enclosure": [_row("ssog", True, 0.0, 441.0, 3.0)], "certify": {"ssog": [{"gap": 1e-7}]}}}
     v = trained.report_verdict([ssog], [s])

@@ -95,6 +95,11 @@ PER_IMAGE_ROWS = 16  # up to this many images (constants lines) the report lists
 CONSTANT_KEYS = ("token_radius", "mixer_lipschitz", "mixer_curvature", "variance_floor", "lipschitz", "curvature")
 
 
+def _g(v: float) -> str:
+    """A constant to 4 digits; '-' for nan (a refused image tried no tube: no log-norm over it)."""
+    return "-" if v != v else f"{v:.4g}"
+
+
 def field_constants_table(rows: list[dict]) -> str:
     """One line per distinct variance floor (one per enclose call): the constants each image's proof used; beyond
     PER_IMAGE_ROWS such lines, per mixer the min, median and max of each column over them."""
@@ -112,13 +117,13 @@ def field_constants_table(rows: list[dict]) -> str:
     head = ["mixer", "token radius R", "mixer Lipschitz (on D_R)", "mixer curvature K2", "variance floor v",
             "field Lipschitz L(v)", "field curvature M2(v)", "largest tube log-norm"]
     if len(lines) <= PER_IMAGE_ROWS:
-        return report.md_table(head, [[m] + [f"{v:.4g}" for v in vals] for m, vals in lines])
+        return report.md_table(head, [[m] + [_g(v) for v in vals] for m, vals in lines])
     body = []
     for mixer in dict.fromkeys(m for m, _ in lines):
         cols = list(zip(*(vals for m, vals in lines if m == mixer)))
         n = len(cols[0])
         for name, pick in (("min", min), ("median", statistics.median), ("max", max)):
-            body.append([f"{mixer} ({name} of {n})"] + [f"{pick(c):.4g}" for c in cols])
+            body.append([f"{mixer} ({name} of {n})"] + [_g(pick(c)) for c in cols])
     return report.md_table(head, body)
 
 
@@ -333,7 +338,7 @@ def constants_side_by_side(models: list[tuple[str, list[dict]]]) -> str:
         mus = [r["field"]["mu_max"] for r in rows if r.get("field")]
         body.append([name, f["mixer"]] + [f"{f[k]:.4g}" for k in ("mixer_lipschitz", "mixer_curvature",
                                                                   "variance_floor", "lipschitz", "curvature")]
-                    + [f"{max(mus):.4g}", f"{sum(r['proven'] for r in rows)}/{len(rows)}"])
+                    + [_g(max(mus)), f"{sum(r['proven'] for r in rows)}/{len(rows)}"])
     if not body:
         return ""
     return report.md_table(["model", "mixer", "mixer Lipschitz (on D_R)", "mixer curvature K2", "variance floor v",

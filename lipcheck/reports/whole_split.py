@@ -99,11 +99,11 @@ def section(splits: list[dict]) -> list[str]:
                    + f", for example image {g['images'][0]}: {g['example']}"]
     if any(s["reasons"] for s in splits):
         md += [""]
-    tables = [s["constants"] for s in splits if s["constants"]]
-    if tables:
+    tables = [s["constants"].splitlines() for s in splits if s["constants"]]
+    if tables:  # one table, the mixers side by side (every table has the same header and rule)
         md += ["The constants of every enclose call, per mixer (min, median and max over the split where it has many "
-               "calls; for a refused image the constants its prediction used):", ""]
-        md += [t + "\n" for t in tables]
+               "calls; for a refused image the constants its prediction used, no tube log-norm):", ""]
+        md += [*tables[0][:2], *(line for t in tables for line in t[2:]), ""]
     md += ["Made by:", "", "```"] + [_launch(s) for s in splits if s["command"]] + ["```", ""]
     return md
 
