@@ -1474,6 +1474,33 @@ def test_time_budget_reason_names_the_last_proven_time_and_radius():
 
 
 @pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_time_budget_counts_from_the_call_and_stops_the_reference_refinement(monkeypatch):
+    """max_seconds covers the whole call: with max_seconds = 0 no refinement round of the reference solve starts (the
+    defect measurement that opens each round is patched to fail the test) and the enclosure loop stops after its
+    first step; without a budget the same call does measure. The loop's clock starts where the caller says
+    (`DirectOptions.clock_start`): a budget already used up before the loop stops it after its first step."""
+    import time
+
+    from lipcheck.wellposed import enclosure as E
+    from lipcheck.wellposed.direct import enclose_direct
+    from lipcheck.wellposed.options import DirectOptions
+    f = TanhField(4, 6, seed=3, scale=1.5)
+    x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
+
+    def measured(*a, **k):
+        raise AssertionError("a refinement round started")
+    monkeypatch.setattr(E, "_step_defects", measured)
+    enc = wp.enclose_field(f, x0, 1.0, tol=1e-4, ref_tol=1e-7, max_seconds=0.0)
+    assert not enc.proven.any() and all("time budget of 0 s used up after step 0" in r for r in enc.reason)
+    with pytest.raises(AssertionError, match="a refinement round started"):
+        wp.enclose_field(f, x0, 1.0, tol=1e-4, ref_tol=1e-7)
+    late = DirectOptions(tol=1e-5, max_seconds=50.0, clock_start=time.perf_counter() - 100.0)
+    one = enclose_direct(f, x0, 1.0, late)
+    assert not one.proven.any() and all("time budget of 50 s used up after step 0" in r for r in one.reason)
+    assert enclose_direct(f, x0, 1.0, dataclasses.replace(late, clock_start=None)).proven.all()
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
 def test_reference_subintervals_follow_ref_defect_abs():
     """ref_defect_abs: the reference enclosure refines its defect sub-intervals until the remainder is below it; at a
     generous 1.0 no step is refined (8 sub-intervals each: fine_points = 8 steps), at the default target (a fraction

@@ -154,8 +154,10 @@ def add_arguments(p) -> None:
                         "are small enough that threads only contend; every core for the full-size presets ti, s, b)")
     add_output_arguments(p)
     p.add_argument("--max-seconds", type=float, default=None,
-                   help="a time budget for each enclosure (--enclosure-only; with --checkpoint each batch's); when "
-                        "used up, the report says up to which t the enclosure is proven and with which radius")
+                   help="a time budget for each enclosure (--enclosure-only; with --checkpoint each batch's), "
+                        "counted from its start: the solves, the reference's refinement rounds (checked between "
+                        "rounds) and the proof (checked after each step); when used up, the report says up to which "
+                        "t the enclosure is proven and with which radius")
     p.add_argument("--max-work", type=float, default=None,
                    help="a budget in units of work for each enclosure: the defect sub-intervals its reference "
                         "enclosure is predicted to need (default lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no "

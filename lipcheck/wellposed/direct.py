@@ -187,7 +187,8 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
                       (k, idx[p], idx[p + 1], smp["m"]), rows, env)
         smp["y"] = None  # (m+1) states of n numbers: not kept across steps (memory at full size)
         bar.set_postfix(t=f"{table.t[-1]:.4g}", radius=f"{max(table.rows['radius'][-1]):.3g}")
-        if opts.max_seconds is not None and time.perf_counter() - start > opts.max_seconds and k < len(steps) - 1:
+        begun = start if opts.clock_start is None else opts.clock_start
+        if opts.max_seconds is not None and time.perf_counter() - begun > opts.max_seconds and k < len(steps) - 1:
             _out_of_time(state, table, opts, k)
         if all(x is not None for x in state["reason"]) and k < len(steps) - 1:
             table.close(t1, coefs[-1].sum(0), B)

@@ -148,9 +148,11 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     until the remainder is below a per-sample target (`_defect_target`: aimed at r_ref(t1) <= 0.1
     ||y(t1) - y_ref(t1)|| from an estimate of int mu, at most `ref_defect_ratio` times a rough sup ||y - y_ref||
     / t1), or below `ref_defect_abs` where given (or the usual ratio); its steps are shortened (at most
-    `ref_max_steps`) until its sampled defect is below the same target. `max_seconds`: a time budget for the
-    enclosure loop; when it is used up the samples not yet proven get the reason "time budget ... proven on [0, t]
-    with radius r there".
+    `ref_max_steps`) until its sampled defect is below the same target. `max_seconds`: a time budget for the whole
+    call, counted from its start (the user's solve, the reference solve's refinement rounds and the enclosure
+    loop); it is checked between refinement rounds (no further round starts once it is used up: they only tune)
+    and after each step of the enclosure loop. When it is used up the samples not yet proven get the reason "time
+    budget ... proven on [0, t] with radius r there" (the first step is always done).
     `max_work` (default REF_WORK_BUDGET; None: no budget): a budget in units of work, the same on any machine. Where
     the reference enclosure is predicted to need more defect sub-intervals than this (`_sub_intervals`, from the
     field's curvature and Lipschitz constants and the defect target), the batch is refused before any proof, each
@@ -165,20 +167,21 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     of `field`'s true solution."""
     check_method(method)
     check_settings(tol, max_seconds, max_work)
+    start = time.perf_counter()  # max_seconds counts from here
     opts = DirectOptions(method=method, tol=tol, defect_ratio=defect_ratio, mu_slack=mu_slack,
                          max_per_step=max_per_step, tube=tube, max_tube=max_tube, mu_claim=mu_claim,
-                         solver_field=solver_field, progress=progress, max_seconds=max_seconds)
+                         solver_field=solver_field, progress=progress, max_seconds=max_seconds, clock_start=start)
     check_inputs(x0, t1, opts)
     rt = _resolve_ref_tol(tol, ref_tol)
     if rt is None:
         return enclose_direct(field, x0, t1, opts)
-    start = time.perf_counter()
     sf = solver_field or field
     steps, coefs, sol = piecewise_quartic(sf, x0, t1, method=method, tol=tol)
     solve_seconds = time.perf_counter() - start
     per_step = ref_max_per_step or 8 * max_per_step
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
-                                        ref_max_steps, field=field, max_per_step=per_step, max_work=max_work)
+                                        ref_max_steps, field=field, max_per_step=per_step, max_work=max_work,
+                                        deadline=None if max_seconds is None else start + max_seconds)
     if rpieces is None:  # the defect it would need is out of float64's reach, or its work over max_work: refused
         return _refused(field, x0, t1, steps, coefs, sol, target, tol, rt, start)
     slack = ref_mu_slack or max(mu_slack, REF_SLACK_GROWTH / t1)
@@ -309,12 +312,13 @@ def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclo
 
 
 def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None,
-                      max_per_step=None, max_work=None):
+                      max_per_step=None, max_work=None, deadline=None):
     """y_ref's piecewise quartic and the defect target it is tuned to (per sample, `_defect_target`, or
     ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
     sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
     (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`), or the work it
-    would take is over max_work (`_over_budget`)."""
+    would take is over max_work (`_over_budget`). No refinement round starts after `deadline` (a
+    time.perf_counter() value, from max_seconds): the rounds only tune, and the enclosure refines what they left."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     if ref_defect_abs is not None or field is None:  # a given target: tightness alone, REF_STEPS steps
         ref_max_steps = min(ref_max_steps, REF_STEPS)
@@ -336,6 +340,8 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
             return None, refusal
     forced = []  # the times the reference is made to step to, kept from one refinement to the next
     for _ in range(3):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         d = _step_defects(sf, *rpieces[:2]).double().cpu()  # (K, B)
         tgt = torch.as_tensor(target, dtype=torch.float64)
         excess = (d / tgt).amax(1)  # (K,) per step, worst sample

@@ -23,7 +23,9 @@ class DirectOptions:
     the log-norm over a tube may grow by about this much on a log-norm interval; `max_per_step`: the most defect
     sub-intervals per solver step; `tube` / `max_tube`: a fixed tube radius, the largest tube tried; `mu_claim`:
     a claimed point log-norm (float or callable y -> (B,)), used only where it is verified; `solver_field`: the
-    field the solver integrates (default: the enclosed one); `max_seconds`: a time budget for the loop."""
+    field the solver integrates (default: the enclosed one); `max_seconds`: a time budget, counted from
+    `clock_start` (a time.perf_counter() value; None: the start of the enclosure loop's call), checked after each
+    step."""
     method: str = "dopri5"
     tol: float = 1e-3
     defect_ratio: float = 0.25
@@ -36,6 +38,7 @@ class DirectOptions:
     progress: bool = False
     defect_abs: float = 0.0
     max_seconds: float | None = None
+    clock_start: float | None = None
 
 
 def check_method(method) -> str:
