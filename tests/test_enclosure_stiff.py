@@ -66,17 +66,22 @@ def test_a_work_budget_refuses_before_any_proof_with_the_prediction_and_its_cons
     why = enc.reason[0]
     assert why.startswith("not attempted: the reference enclosure would need about") and "max_work = 1" in why
     assert "M2 = " in why and "L = " in why and "a larger max_work (or None) tries it" in why
+    G = wp.lognorm_envelope(enc, torch.tensor([1e-3], dtype=D))  # nothing proven: no growth bound after t = 0
+    assert G.shape == (len(enc.t), 1) and float(G[0, 0]) == 1.0 and math.isinf(float(G[-1, 0]))
     v = float(why.split("token variance ")[1].split(",")[0])  # the variance its constants were taken at, reported
     assert enc.stats["variance_floor"] == pytest.approx(v, rel=5e-3) and v > 0
     assert wp.enclose(model, images, progress=False).proven.all()  # default max_work = REF_WORK_BUDGET
 
 
 def test_the_work_budget_is_a_strict_bound_on_the_predicted_count(monkeypatch):
-    """_over_budget refuses exactly when the predicted count (the sum of `_sub_intervals` over y_ref's steps) is
-    above max_work: 7 sub-intervals pass max_work = 7 and are refused at 6.999; a NaN prediction is not refused
-    here (the proof then says what fails); one reason per sample, each with its own defect target."""
+    """_over_budget refuses exactly when the predicted work (the sum of `_sub_intervals` over y_ref's steps plus
+    LOGNORM_WORK times the sum of `_lognorm_points`) is above max_work: 7 sub-intervals and 3 point log-norms pass
+    max_work = 7 + 3 LOGNORM_WORK and are refused just below; a NaN prediction is not refused here (the proof then
+    says what fails); one reason per sample, each with its own defect target."""
     monkeypatch.setattr(E, "_sub_intervals", lambda field, steps, coefs, target: torch.tensor([3.0, 4.0], dtype=D))
+    monkeypatch.setattr(E, "_lognorm_points", lambda *a: torch.tensor([1.0, 2.0], dtype=D))
     monkeypatch.setattr(E, "_tube_aim", lambda field, steps, coefs: (0.1, 2.5, 0.04))
+    work = 7 + 3 * E.LOGNORM_WORK
     coefs = [torch.zeros(5, 2, 1, 1, 3, dtype=D)]
 
     class F:
@@ -85,9 +90,10 @@ def test_the_work_budget_is_a_strict_bound_on_the_predicted_count(monkeypatch):
             return 9.5
 
     pieces = ([(0.0, 1.0)], coefs)
-    assert E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), 7) is None
-    why = E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), 6.999)
-    assert len(why) == 2 and all("about 7 defect sub-intervals" in w and "max_work = 6.999" in w for w in why)
+    assert E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), work) is None
+    why = E._over_budget(F(), pieces, torch.tensor([1e-7, 2e-7], dtype=D), work - 0.001)
+    assert len(why) == 2 and all(f"about {work:.3g} field evaluations (7 defect sub-intervals and 3 point log-norms "
+                                 f"at {E.LOGNORM_WORK} each)" in w and f"max_work = {work - 0.001:.6g}" in w for w in why)
     assert "M2 = 2.5 " in why[0] and "L = 9.5 " in why[0] and "token variance 0.04" in why[0]
     assert "reference defect of 1e-07" in why[0] and "reference defect of 2e-07" in why[1]
     assert len(E._over_budget(F(), pieces, 3e-6, 1.0)) == 2  # a given target (ref_defect_abs): the same for both
@@ -95,58 +101,13 @@ def test_the_work_budget_is_a_strict_bound_on_the_predicted_count(monkeypatch):
     assert E._over_budget(F(), pieces, 3e-6, 1.0) is None
 
 
-class _Stub:
-    """A field with constant point log-norm lam and curvature K (no variance floor)."""
-    uses_variance = False
-
-    def __init__(self, lam, K):
-        self.lam, self.K = lam, K
-
-    def lognorm(self, y, v, eps_J):
-        return torch.full((y.shape[0],), self.lam, dtype=D)
-
-    def curvature(self, v):
-        return self.K
-
-    def lipschitz(self, v):
-        return 1.0
-
-
-def _unit_speed_pieces(monkeypatch):
-    """y with y' = 1 on two steps of [0, 1] (sup ||y'|| = 1), its distance to the reference 1 at every node."""
-    monkeypatch.setattr(E, "_node_distances", lambda *a: (torch.tensor([1.0]), torch.tensor([1.0])))
-    steps = [(0.0, 0.5), (0.5, 1.0)]
-    coefs = [torch.zeros(5, 1, 1, 1, 2, dtype=D) for _ in steps]
-    for c in coefs:
-        c[1, 0, 0, 0, 0] = 0.5
-    return steps, coefs
-
-
-def test_defect_target_keeps_the_tube_below_its_share_of_one_over_the_curvature(monkeypatch):
-    """target = max(min(the share aim, REF_TUBE / (K 2 t1 phi(g))), REF_REACH sup ||y'||), g = lam t1: the tube
-    aim wins over the work floor where the curvature is large, and the reach floor over both."""
-    steps, coefs = _unit_speed_pieces(monkeypatch)
-    for lam, K in ((2.0, 1e3), (2.0, 1e-3), (30.0, 1e9)):
-        got, needed = E._defect_target(_Stub(lam, K), (steps, coefs), ([], []), 1.0, 0.02)
-        got = float(got[0])
-        phi = math.expm1(lam) / lam
-        share = min(0.02, max(0.1 / (2 * phi), 0.02 * 1e-3))
-        want = max(min(share, 0.25 / K / (2 * phi)), 1e-12)
-        assert got == pytest.approx(want, rel=1e-12), (lam, K, got, want)
-        assert needed == (0.25 / K / (2 * phi) < share)
-    assert E._out_of_reach(_Stub(30.0, 1e9), steps, coefs, 1.0) is not None  # 0.25 / 1e9 / (2 e^30 / 30) < 1e-12
-    assert E._out_of_reach(_Stub(2.0, 1e3), steps, coefs, 1.0) is None
-
-
-def test_defect_target_trusts_a_contraction_only_down_to_int_mu_minus_30(monkeypatch):
-    """int mu is estimated from point log-norms along y alone (no tube), so the share aim trusts a contraction only
-    down to g = -30: at g = -100 it asks for 0.1 / (2 phi(-30)) (phi(-30) ~ 1/30), not 0.1 / (2 phi(-100)) = 5; the
-    tube aim takes g as it is."""
-    steps, coefs = _unit_speed_pieces(monkeypatch)
-    lam, K, ratio = -100.0, 1e-3, 10.0  # ratio * rough / t1 = 10: the work cap stays out of the way
-    got, needed = E._defect_target(_Stub(lam, K), (steps, coefs), ([], []), 1.0, ratio)
-    phi = lambda g: math.expm1(g) / g  # noqa: E731
-    share = min(ratio, max(0.1 / (2 * phi(-30.0)), ratio * 1e-3))
-    tube = 0.25 / K / (2 * phi(lam))
-    assert float(got[0]) == pytest.approx(max(min(share, tube), 1e-12), rel=1e-12) and not needed
-    assert float(got[0]) < 0.5 * 0.1 / (2 * phi(lam))
+def test_predicted_lognorm_points_follow_the_lognorm_grid(monkeypatch):
+    """_lognorm_points per step: max(1, ceil(M2 sup ||y'|| h / (2 slack))) + 1 (`direct.lognorm_grid`'s intervals and
+    the step's end): one token moving at speed 1 on a step of h = 0.5 with M2 = 7 asks for ceil(1.75) = 2 log-norm
+    intervals at slack 1 (3 points), 7 at slack 0.25 (8 points); a token at rest for one (2 points)."""
+    monkeypatch.setattr(E, "_tube_aim", lambda field, steps, coefs: (0.1, 7.0, 0.0))
+    c = torch.zeros(5, 1, 1, 1, 3, dtype=D)
+    c[1, 0, 0, 0] = torch.tensor([0.0, 0.3, 0.4], dtype=D)  # y' = c_1 / h: speed 0.5 / 0.5 = 1
+    rest = torch.zeros_like(c)
+    pts = lambda slack: E._lognorm_points(None, [(0.0, 0.5), (0.5, 1.0)], [c, rest], slack).tolist()
+    assert pts(1.0) == [3.0, 2.0] and pts(0.25) == [8.0, 2.0]

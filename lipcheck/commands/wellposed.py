@@ -159,9 +159,9 @@ def add_arguments(p) -> None:
                         "rounds) and the proof (checked after each step); when used up, the report says up to which "
                         "t the enclosure is proven and with which radius")
     p.add_argument("--max-work", type=float, default=None,
-                   help="a budget in units of work for each enclosure: the defect sub-intervals its reference "
-                        "enclosure is predicted to need (default lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no "
-                        "budget); over it, the report gives the prediction and the field's constants as the reason, "
+                   help="a budget in units of work for each enclosure: the field evaluations its reference "
+                        "enclosure is predicted to need (its defect sub-intervals, and 256 per point log-norm; default "
+                        "lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no budget); over it, the report gives the prediction and the field's constants as the reason, "
                         "without trying. Unlike --max-seconds, the same on any machine and under any load")
     p.add_argument("--all-test-images", action="store_true",
                    help="with --checkpoint: every image of the data set's test split (not with --images); under "
@@ -194,7 +194,7 @@ def run(args, p) -> int:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         p.error(f"--max-seconds must be a positive number of seconds, got {args.max_seconds}")
     if args.max_work is not None and not args.max_work > 0:
-        p.error(f"--max-work must be a positive number of defect sub-intervals (inf: no budget), got {args.max_work}")
+        p.error(f"--max-work must be a positive number of field evaluations (inf: no budget), got {args.max_work}")
     if args.threads is None:
         args.threads = default_threads(args.preset, args.checkpoint)
     if args.checkpoint:

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from lipcheck import report, verdicts  # noqa: E402
-from lipcheck.wellposed import REF_WORK_BUDGET  # noqa: E402
+from lipcheck.wellposed import LOGNORM_WORK, REF_WORK_BUDGET  # noqa: E402
 
 COLORS = {"trained": "C0", "init": "C7"}
 
@@ -359,7 +359,8 @@ def enclosure_section(results, cfg: dict | None = None) -> list[str]:
     if cfg is not None and cfg.get("enclosure_seconds"):
         md += [f"Each model's enclose call had a budget of {cfg['enclosure_seconds']:g} s; where it was used up, the "
                "row says up to which t the proof holds. Each also had the default work budget (max_work = "
-               f"{REF_WORK_BUDGET:.3g} defect sub-intervals predicted for its reference enclosure): an image predicted "
+               f"{REF_WORK_BUDGET:.3g} field evaluations predicted for its reference enclosure: defect sub-intervals, "
+               f"and {LOGNORM_WORK} per point log-norm): an image predicted "
                "above it is refused before any proof, its reason giving the prediction and the constants behind it.",
                ""]
     table = constants_side_by_side(consts)

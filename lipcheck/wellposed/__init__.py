@@ -14,7 +14,7 @@
 """
 from .attention_field import AttentionField, make_field
 from .certificate import aposteriori_certificate
-from .enclosure import REF_WORK_BUDGET, enclose, enclose_field
+from .enclosure import LOGNORM_WORK, REF_WORK_BUDGET, enclose, enclose_field
 from .envelope import lognorm_envelope
 from .field import SSoGField
 from .gradients import gradient_check
@@ -29,5 +29,5 @@ from .sweep import SweepResult, convergence_summary, tolerance_sweep  # noqa: F4
 
 __all__ = ["METHODS", "TOLERANCES", "RK4_STEPS", "prepare", "solve", "sample_norm", "reference_solution",
            "tolerance_sweep", "perturbation_growth", "vector_field_constants", "aposteriori_certificate",
-           "enclose", "enclose_field", "REF_WORK_BUDGET", "Enclosure", "EnclosureError", "SSoGField", "lognorm_envelope",
-           "gradient_check", "AttentionField", "make_field"]
+           "enclose", "enclose_field", "REF_WORK_BUDGET", "LOGNORM_WORK", "Enclosure", "EnclosureError", "SSoGField",
+           "lognorm_envelope", "gradient_check", "AttentionField", "make_field"]

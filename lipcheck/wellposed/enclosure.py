@@ -54,12 +54,17 @@ REF_WORK_FLOOR = 1e-3  # ... with its target at most 1000x below ref_defect_rati
 REF_TUBE = 0.25  # ... but r_ref aimed at <= this / M2 (the tube's curvature term then adds <= this to the log-norm)
 REF_REACH = 1e-12  # a reference defect below this times sup ||y'|| is out of float64's reach: refused, not tried
 REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps where the tube needs them)
-# the default work budget (max_work) of an enclosure: the defect sub-intervals its reference enclosure is predicted to
-# need (`_sub_intervals`, a count of field evaluations: the same on any machine and under any load). The prediction
-# is 1.5-2.3x the count used on the digits ODE models proven (SSoG trained and init, attention init: 25600-89998
-# used, 43000-207000 predicted); the trained attention model predicts 3.4e6-1.2e8 over its 450 test images (images
-# 0 and 1: 9.5e6 and 8.9e6, and t = 0.013 reached in 240 s). ti and s predict 3.7e4 and 1.9e4 at their settings
+# the default work budget (max_work) of an enclosure, in field evaluations (the same on any machine and under any
+# load): the defect sub-intervals its reference enclosure is predicted to need (`_sub_intervals`) plus LOGNORM_WORK
+# per predicted point log-norm (`_lognorm_points`). The sub-interval prediction is 1.5-2.3x the count used on the
+# digits ODE models proven (SSoG trained and init, attention init: 25600-89998 used, 43000-207000 predicted), the
+# log-norm one 465 against 457 used on the trained SSoG model (image 0); the trained attention model predicts
+# 3.4e6-1.2e8 sub-intervals over its 450 test images (image 0: 9.5e6 and 5.1e5 point log-norms, t = 0.013 reached in
+# 240 s). ti and s predict 3.7e4 and 1.9e4 sub-intervals at their settings
 REF_WORK_BUDGET = 2_000_000
+# a point log-norm counted as this many field evaluations in max_work: measured 230 (digits SSoG model, n = 768,
+# 80 us per defect sub-interval, 18 ms per log-norm), 750 (digits attention model, 60 ms), 95 (ti, structured)
+LOGNORM_WORK = 256
 REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 # ref_mu_slack by default: the larger of mu_slack and this / t1. The slack adds about itself to the log-norm of
 # every interval, so about a factor e^(slack t1) = e at most to r_ref, REF_SHARE of the radius or less; the
@@ -154,8 +159,9 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     and after each step of the enclosure loop. When it is used up the samples not yet proven get the reason "time
     budget ... proven on [0, t] with radius r there" (the first step is always done).
     `max_work` (default REF_WORK_BUDGET; None: no budget): a budget in units of work, the same on any machine. Where
-    the reference enclosure is predicted to need more defect sub-intervals than this (`_sub_intervals`, from the
-    field's curvature and Lipschitz constants and the defect target), the batch is refused before any proof, each
+    the reference enclosure is predicted to need more field evaluations than this (its defect sub-intervals,
+    `_sub_intervals`, plus LOGNORM_WORK per point log-norm, `_lognorm_points`, from the field's curvature and
+    Lipschitz constants and the defect target), the batch is refused before any proof, each
     sample's reason giving the prediction and the constants behind it (a tuning test: it enters no bound).
 
     The field object has the `SSoGField` interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
@@ -179,12 +185,12 @@ def enclose_field(field, x0: torch.Tensor, t1: float, *, method: str = "dopri5",
     steps, coefs, sol = piecewise_quartic(sf, x0, t1, method=method, tol=tol)
     solve_seconds = time.perf_counter() - start
     per_step = ref_max_per_step or 8 * max_per_step
+    slack = ref_mu_slack or max(mu_slack, REF_SLACK_GROWTH / t1)
     rpieces, target = _reference_pieces(sf, x0, t1, (steps, coefs), rt, method, ref_defect_ratio, ref_defect_abs,
                                         ref_max_steps, field=field, max_per_step=per_step, max_work=max_work,
-                                        deadline=None if max_seconds is None else start + max_seconds)
+                                        deadline=None if max_seconds is None else start + max_seconds, slack=slack)
     if rpieces is None:  # the defect it would need is out of float64's reach, or its work over max_work: refused
         return _refused(field, x0, t1, steps, coefs, sol, target, tol, rt, start)
-    slack = ref_mu_slack or max(mu_slack, REF_SLACK_GROWTH / t1)
     ref_opts = dataclasses.replace(opts, tol=rt, mu_slack=slack, defect_abs=target,
                                    max_per_step=per_step)
     ref = enclose_direct(field, x0, t1, ref_opts, pieces=rpieces)
@@ -275,22 +281,38 @@ def _out_of_reach(field, steps, coefs, t1, g=None):
             f"({REF_REACH:g} sup ||y'|| = {float(rb):.3g})" for gb, nb, rb in zip(g, need, reach)]
 
 
-def _over_budget(field, rpieces, target, max_work):
-    """Per sample, why the enclosure is refused for its work, or None: the defect sub-intervals the reference
-    enclosure is predicted to need (`_sub_intervals` on y_ref's first steps, worst sample per step, so one count for
-    the batch) above max_work. The reason names the count and the constants that set it."""
+def _lognorm_points(field, steps, coefs, slack) -> torch.Tensor:
+    """(K,) about how many point log-norms each step of the reference enclosure takes: `direct.lognorm_grid`'s
+    ceil(M2 sup ||y'|| h / (2 slack)) intervals (worst sample) plus the step's end (a tuning scale, not a bound; the
+    refinement's cuts add at most one point per piece, and at most ref_max_steps pieces in all, so they are left out:
+    on the tiny main job the refinement made 185 points where the cuts alone would have predicted 8580)."""
+    from .defect import step_bounds
+    _, M2, _ = _tube_aim(field, steps, coefs)
+    grid = torch.tensor([M2 * float(inf["speed"].max()) * inf["h"] / (2 * slack)
+                         for inf in step_bounds(steps, coefs, coefs[0].shape[-1])], dtype=torch.float64)
+    return grid.ceil().clamp_min(1) + 1
+
+
+def _over_budget(field, rpieces, target, max_work, slack=1.0):
+    """Per sample, why the enclosure is refused for its work, or None: the work the reference enclosure is predicted
+    to need, its defect sub-intervals (`_sub_intervals` on y_ref's first steps, worst sample per step, so one count
+    for the batch) plus LOGNORM_WORK per point log-norm (`_lognorm_points` at the log-norm slack `slack`), above
+    max_work. The reason names the counts and the constants that set them."""
     tgt = torch.as_tensor(target, dtype=torch.float64).reshape(-1)
-    work = float(_sub_intervals(field, *rpieces[:2], tgt).sum())
+    subs = _sub_intervals(field, *rpieces[:2], tgt)
+    points = float(_lognorm_points(field, *rpieces[:2], slack).sum())
+    work = float(subs.sum()) + LOGNORM_WORK * points
     if not work > max_work:  # NaN: not refused here (the proof itself then says what fails)
         return None
     _, M2, v = _tube_aim(field, *rpieces[:2])
     L = float(field.lipschitz(v)) if hasattr(field, "lipschitz") else 0.0
     B = rpieces[1][0].shape[1]
     tgts = tgt.expand(B).tolist()
-    return [f"not attempted: the reference enclosure would need about {work:.3g} defect sub-intervals, over the work "
-            f"budget max_work = {max_work:.6g} (predicted from the field's curvature M2 = {M2:.4g} and Lipschitz "
-            f"constant L = {L:.4g} at token variance {v:.3g}, for a reference defect of {t:.3g}); a larger max_work "
-            f"(or None) tries it" for t in tgts]
+    return [f"not attempted: the reference enclosure would need about {work:.3g} field evaluations "
+            f"({float(subs.sum()):.3g} defect sub-intervals and {points:.3g} point log-norms at {LOGNORM_WORK} each), "
+            f"over the work budget max_work = {max_work:.6g} (predicted from the field's curvature M2 = {M2:.4g} and "
+            f"Lipschitz constant L = {L:.4g} at token variance {v:.3g}, for a reference defect of {t:.3g}); a larger "
+            f"max_work (or None) tries it" for t in tgts]
 
 
 def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclosure:
@@ -312,12 +334,12 @@ def _refused(field, x0, t1, steps, coefs, sol, reasons, tol, rt, start) -> Enclo
 
 
 def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect_abs, ref_max_steps, field=None,
-                      max_per_step=None, max_work=None, deadline=None):
+                      max_per_step=None, max_work=None, deadline=None, slack=1.0):
     """y_ref's piecewise quartic and the defect target it is tuned to (per sample, `_defect_target`, or
     ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
     sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
     (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`), or the work it
-    would take is over max_work (`_over_budget`). No refinement round starts after `deadline` (a
+    would take is over max_work (`_over_budget`, with the enclosure's log-norm slack `slack`). No refinement round starts after `deadline` (a
     time.perf_counter() value, from max_seconds): the rounds only tune, and the enclosure refines what they left."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     if ref_defect_abs is not None or field is None:  # a given target: tightness alone, REF_STEPS steps
@@ -335,7 +357,7 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
         if not needed:  # beyond REF_STEPS reference steps only where the tube needs them
             ref_max_steps = min(ref_max_steps, REF_STEPS)
     if field is not None and max_work is not None:
-        refusal = _over_budget(field, rpieces, target, max_work)
+        refusal = _over_budget(field, rpieces, target, max_work, slack)
         if refusal is not None:
             return None, refusal
     forced = []  # the times the reference is made to step to, kept from one refinement to the next

@@ -27,8 +27,13 @@ def _interval_growth(field, C, iv, b, g0, rad, eps):
 def lognorm_envelope(enc, perturbation) -> torch.Tensor:
     """Proven growth envelope G(t) with ||x~(t) - x(t)|| <= G(t) ||x~0 - x0|| for every start x~0 within
     `perturbation` (B,) of x0: G = exp(int mu), mu over the tube of radius enclosure radius + perturbation * G
-    around the centre (bootstrapped per interval). Returns (K, B); inf where the bootstrap fails."""
+    around the centre (bootstrapped per interval). Returns (K, B); inf where the bootstrap fails, and after t = 0
+    for an enclosure refused before any proof (it has no intervals)."""
     data = enc._envelope_data
+    if data is None:
+        G = torch.full((len(enc.t), len(enc.proven)), math.inf, dtype=torch.float64)
+        G[0] = 1.0
+        return G
     field, C = data["field"], data["C"]
     B = len(enc.proven)
     eps = torch.as_tensor(perturbation, dtype=torch.float64).expand(B).tolist()
