@@ -1501,6 +1501,41 @@ def test_time_budget_counts_from_the_call_and_stops_the_reference_refinement(mon
 
 
 @pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
+def test_enclosure_loop_budget_and_lognorm_slack_come_from_the_call(monkeypatch):
+    """enclose_field hands the enclosure loop its own start as `clock_start` (direct and reference paths alike), and
+    prices the reference's point log-norms (`_lognorm_points`) at the slack that loop uses: ref_mu_slack where
+    given, else max(mu_slack, 1 / t1)."""
+    import time
+
+    from lipcheck.wellposed import enclosure as E
+    f = TanhField(4, 6, seed=3, scale=1.5)
+    x0 = torch.randn(2, 1, 1, 4, generator=torch.Generator().manual_seed(4), dtype=D)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def loop(field, x0, t1, opts, pieces=None):
+        seen["opts"], seen["at"] = opts, time.perf_counter()
+        raise Stop
+    real_points = E._lognorm_points
+
+    def points(field, steps, coefs, slack):
+        seen["slack"] = slack
+        return real_points(field, steps, coefs, slack)
+    monkeypatch.setattr(E, "enclose_direct", loop)
+    monkeypatch.setattr(E, "_lognorm_points", points)
+    for kw, slack in ((dict(ref_tol=None), None), (dict(ref_tol=1e-7, ref_mu_slack=0.125), 0.125),
+                      (dict(ref_tol=1e-7, mu_slack=0.25), 2.0)):
+        seen.clear()
+        before = time.perf_counter()
+        with pytest.raises(Stop):
+            wp.enclose_field(f, x0, 0.5, tol=1e-4, max_seconds=5.0, **kw)
+        assert before <= seen["opts"].clock_start <= seen["at"] and seen["opts"].max_seconds == 5.0
+        assert seen.get("slack") == slack and (slack is None or seen["opts"].mu_slack == slack)
+
+
+@pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.one_thread)
 def test_reference_subintervals_follow_ref_defect_abs():
     """ref_defect_abs: the reference enclosure refines its defect sub-intervals until the remainder is below it; at a
     generous 1.0 no step is refined (8 sub-intervals each: fine_points = 8 steps), at the default target (a fraction
