@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lipcheck import IntegrationError, ViT, vit_from_preset
 from lipcheck import wellposed as wp
 from lipcheck.wellposed.certificate import _quartic_fit, _upper_sum
+from lipcheck.wellposed.solve import ENCLOSE_SSOG_BACKEND
 
 D = torch.float64
 LINEAR = dict(img_size=12, patch_size=4, dim=12, num_heads=3, num_components=2, depth=1, num_classes=3,
@@ -1177,6 +1178,26 @@ def test_prepare_refuses_bad_scales_and_freezes_a_copy():
     assert [p.requires_grad for p in after] == before and all(p.dtype == torch.float32 for p in after)
     m64 = copy.deepcopy(model).double()
     assert torch.equal(x0, 0.25 * m64.embed(images.double()).detach()) and t1 == float(model.t1)
+
+
+def test_prepare_evaluates_ssog_with_the_gemm_backend_whatever_the_model_uses():
+    """The block prepare returns (the enclosures' field) evaluates the SSoG mixer with the stacked GEMM backend,
+    Lemma 4's dot-product model, even for a model built with the FFT backend (whose own backend is untouched); its
+    field agrees with the einsum reference backend's to rounding."""
+    torch.manual_seed(0)
+    model = ViT("ode", "ssog", dtype=D, img_size=16, patch_size=2, dim=12, num_heads=3, depth=1,
+                ssog_backend="fft").eval()
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=D)
+    block, x0, _ = wp.prepare(model, images)
+    assert block.mixer.backend == ENCLOSE_SSOG_BACKEND == "stacked"
+    assert model.vector_field.block.mixer.backend == "fft"
+    ref = copy.deepcopy(block)
+    ref.mixer.backend = "matmul"
+    ref.mixer.clear_kernel_cache()
+    y = x0 + 0.1 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(2), dtype=D)
+    with torch.no_grad():
+        got, want = block.vector_field(y), ref.vector_field(y)
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-13 * float(want.abs().max()))
 
 
 def test_sweep_names_the_attention_mixer():
