@@ -370,6 +370,30 @@ def test_token_jacobians_of_layernorms_without_affine():
         assert float(n1[0, i]) == pytest.approx(1 / math.sqrt(float(t.var(unbiased=False)) + 1e-3), rel=1e-14)
 
 
+def test_token_jacobians_with_affine_layernorms_against_autograd():
+    """D2_i = J_{MLP o LN2}(y_i) with LN2's weights drawn (its Jacobian applied as A minus two rank-one corrections)
+    against per-token autograd Jacobians; D1 formed only with full=True, the same D2 either way; ||D1_i|| bound
+    max|gamma_1| / sqrt(var_i + eps)."""
+    blk = _block(seed=10)
+    C = 4
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for norm in (blk.norm1, blk.norm2):
+            norm.weight.copy_(torch.randn(C, generator=g, dtype=D) * 2)
+            norm.bias.copy_(torch.randn(C, generator=g, dtype=D))
+    y = torch.randn(2, 3, 1, C, generator=g, dtype=D)
+    n1, D2 = ln.token_jacobians(blk, y)
+    D1, n1f, D2f = ln.token_jacobians(blk, y, full=True)
+    assert torch.equal(D2, D2f) and torch.equal(n1, n1f) and D2.shape == (2, 3, C, C)
+    for b in range(2):
+        for i, t in enumerate(y[b].reshape(-1, C)):
+            want = torch.func.jacfwd(lambda z: blk.mlp(blk.norm2(z)))(t)
+            assert torch.allclose(D2[b, i], want, rtol=0, atol=1e-12 * (1 + float(want.abs().max())))
+            assert torch.allclose(D1[b, i], torch.func.jacfwd(blk.norm1)(t), rtol=0, atol=1e-13)
+            sd = math.sqrt(float(t.var(unbiased=False)) + blk.norm1.eps)
+            assert float(n1[b, i]) == pytest.approx(float(blk.norm1.weight.abs().max()) / sd, rel=1e-14)
+
+
 def test_dense_jacobian_rounding_bound_is_lemma_four():
     """err = 4 gamma_{C+64} || |T| ||_2 ||blockdiag D1||_F + ||(e_i)_i||_2 with, per token, the MLP's forming error
     e_i = 4 gamma_{hidden+2C+16} || |W2| ||_2 sup|GELU'| || |W1| ||_2 (max|gamma_2| / sd_i) (sqrt(C) + 2): sums of length

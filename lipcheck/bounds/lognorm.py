@@ -382,32 +382,46 @@ def _mlp_forming_error(block, mlp_abs: float, x: torch.Tensor) -> torch.Tensor:
 
 def token_jacobians(block, y: torch.Tensor, full: bool = False):
     """Per-token ||D1_i|| bounds (B, N) and D2_i = J_{MLP o LN2}(y_i) (B, N, C, C), in closed form
-    (full=True: (D1 (B, N, C, C), ||D1_i|| bounds, D2))."""
+    (full=True: (D1 (B, N, C, C), ||D1_i|| bounds, D2)). LayerNorm's Jacobian is diag(g) (I - 1 1^T / C - xh xh^T /
+    C) / s: D1 is formed only when asked for, and D2 = A (I - 1 1^T / C - xh xh^T / C) with A = W2 diag(GELU') W1
+    diag(g) / s as A minus its two rank-one corrections (row sums and A xh: sums of length C, the same lengths and
+    absolute values as the product with the formed Jacobian, without its C^3 product and C x C matrices)."""
     B = y.shape[0]
     C = y.shape[-1]
     x = y.reshape(B, -1, C)
 
-    def ln_jac(norm, x):
+    def ln_parts(norm, x):  # (g, s, xh), or None for no LayerNorm
         if isinstance(norm, nn.Identity):
-            return None, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+            return None
         s = (x.var(dim=-1, unbiased=False) + norm.eps).sqrt()
         xh = (x - x.mean(-1, keepdim=True)) / s[..., None]
         g = norm.weight if norm.weight is not None else torch.ones(C, dtype=x.dtype, device=x.device)
-        eye = torch.eye(C, dtype=x.dtype, device=x.device)
-        P = eye - 1.0 / C - xh[..., :, None] * xh[..., None, :] / C
-        return g[:, None] * P / s[..., None, None], g.abs().max() / s
+        return g, s, xh
 
-    D1, n1 = ln_jac(block.norm1, x)
-    if full and D1 is None:
-        D1 = torch.eye(C, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], C, C)
+    one = torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+    p1 = ln_parts(block.norm1, x)
+    n1 = one if p1 is None else p1[0].abs().max() / p1[1]
+    D1 = None
+    if full:
+        if p1 is None:
+            D1 = torch.eye(C, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], C, C)
+        else:
+            g, s, xh = p1
+            P = torch.eye(C, dtype=x.dtype, device=x.device) - 1.0 / C - xh[..., :, None] * xh[..., None, :] / C
+            D1 = g[:, None] * P / s[..., None, None]
     if block.mlp is None:
         return (D1, n1, None) if full else (n1, None)
-    J2, _ = ln_jac(block.norm2, x)
+    p2 = ln_parts(block.norm2, x)
     u = block.norm2(x)
     z = block.mlp.fc1(u)
     dg = torch.special.ndtr(z) + z * torch.exp(-z * z / 2) / math.sqrt(2 * math.pi)  # GELU'(z), exact GELU
     M = (block.mlp.fc2.weight * dg[..., None, :]) @ block.mlp.fc1.weight  # W2 diag(GELU') W1
-    D2 = M @ J2 if J2 is not None else M
+    if p2 is None:
+        D2 = M
+    else:
+        g, s, xh = p2
+        A = M * (g / s[..., None])[..., None, :]  # M diag(g) / s
+        D2 = A - A.sum(-1, keepdim=True) / C - (A @ xh[..., :, None]) * xh[..., None, :] / C
     return (D1, n1, D2) if full else (n1, D2)
 
 
