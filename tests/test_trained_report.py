@@ -65,7 +65,7 @@ def test_the_whole_split_is_counted_with_the_unproven_grouped_by_reason(tmp_path
 
     from lipcheck.reports import whole_split as ws
     work = ("not attempted: the reference enclosure would need about {} field evaluations (1e+05 defect "
-            "sub-intervals and 3e+04 point log-norms at 256 each), over the work budget max_work = 2e+06")
+            "sub-intervals and 3e+04 point log-norms at 64 each), over the work budget max_work = 2e+06")
     rows = [dict(_row("attention", False, 1.2e3, 2.2e4, 9.0), image=i, reason=work.format(n))
             for i, n in enumerate(("9.5e+06", "3.1e+06", "8.87e+06"))]
     rows.append(dict(_row("attention", False, 1.2e3, 2.2e4, 9.0), image=3))  # "time budget used up"

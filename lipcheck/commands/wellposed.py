@@ -160,7 +160,7 @@ def add_arguments(p) -> None:
                         "t the enclosure is proven and with which radius")
     p.add_argument("--max-work", type=float, default=None,
                    help="a budget in units of work for each enclosure: the field evaluations its reference "
-                        "enclosure is predicted to need (its defect sub-intervals, and 256 per point log-norm; default "
+                        "enclosure is predicted to need (its defect sub-intervals, and 64 per point log-norm; default "
                         "lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no budget); over it, the report gives the prediction and the field's constants as the reason, "
                         "without trying. Unlike --max-seconds, the same on any machine and under any load")
     p.add_argument("--all-test-images", action="store_true",

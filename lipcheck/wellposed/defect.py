@@ -49,17 +49,41 @@ def token_std_lower(y: torch.Tensor) -> torch.Tensor:
     return token_variance_lower(y).sqrt().flatten(2) * (1 - ln.gamma(2, ln.unit_roundoff(y.dtype)))
 
 
+# sample points of a step evaluated together in `sample_step`: at most this many tokens (all samples) at once, so
+# that no (m + 1) B n tensor is formed (ti, B = 8, m = 2048: 4.9 GB each for y, y' and F(y), which made a batch of
+# 8 images 1.6x slower per image than one image alone)
+SAMPLE_TOKENS = 16384
+
+
+def _chunks(m: int, B: int, N: int) -> list:
+    per = max(1, SAMPLE_TOKENS // (B * N))
+    return [(i, min(i + per, m + 1)) for i in range(0, m + 1, per)]
+
+
+def step_states(c: torch.Tensor, h: float, m: int, idx) -> torch.Tensor:
+    """fl(y(s_j)) at the sample points j in idx of a step cut into m sub-intervals: (len(idx), B, H, W, C), each
+    within the evaluation error err_y of y(s_j) (as every evaluation of y in the proof)."""
+    s = torch.linspace(0.0, 1.0, m + 1, dtype=c.dtype, device=c.device)
+    return _poly(c, s[list(idx)], h, 0)
+
+
 def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     """The defect bound on the m sub-intervals of one step with coefficients c (5, B, H, W, C): per sub-interval
-    and sample `defect` >= sup ||delta||, with the sampled values, the remainder and the constants it used."""
+    and sample `defect` >= sup ||delta||, with the sampled values, the remainder and the constants it used. The
+    samples are evaluated in chunks of about SAMPLE_TOKENS tokens (the states at the log-norm points are evaluated
+    again by `step_states`): the per-sample numbers and the maxima are those of one evaluation of all."""
     B, H, W, C = c.shape[1:]
     fk = dict(dtype=c.dtype, device=c.device)
     u = ln.unit_roundoff(c.dtype)
     h = inf["h"]
     s = torch.linspace(0.0, 1.0, m + 1, **fk)
-    y, d1 = _poly(c, s, h, 0), _poly(c, s, h, 1)
-    Fy = _eval(field, y.reshape(-1, H, W, C)).reshape(y.shape)
-    std = token_std_lower(y)  # (m+1, B, N), at fl(y(s_j))
+    chunks = _chunks(m, B, H * W)
+    std, dn = [], []
+    for i, j in chunks:
+        y, d1 = _poly(c, s[i:j], h, 0), _poly(c, s[i:j], h, 1)
+        std.append(token_std_lower(y))  # (j - i, B, N), at fl(y(s_j))
+        dn.append(sample_norm(d1 - _eval(field, y.reshape(-1, H, W, C)).reshape(y.shape)))  # (j - i, B)
+    std, dn = torch.cat(std), torch.cat(dn)
     tau = h / m
     # how far a token of y moves from the nearer end, plus fl(y) - y (the stds are those of fl(y)); the products,
     # the sum and the division by sqrt(C) rounded up by 1 + gamma_5
@@ -68,10 +92,13 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     floor = floor_tok.amin(-1)  # (m, B)
     # the subtraction (where positive) and the square round once each: 1 - gamma_4 keeps v_y below floor^2
     v_y = float(floor.clamp_min(0).min()) ** 2 * (1 - ln.gamma(4, u)) if field.uses_variance else 0.0
-    eps_F, eps_J = field.rounding(y.reshape(-1, H, W, C), v_y)
-    eps_F = eps_F.reshape(m + 1, B).amax(0)
+    # per chunk: eps_F is per state, eps_J increasing in the largest LayerNorm amplification over the states (both
+    # fields), so the maxima over the chunks are the values on all states at once
+    eps_F, eps_J = torch.zeros(B, **fk), 0.0
+    for i, j in chunks:
+        e_F, e_J = field.rounding(_poly(c, s[i:j], h, 0).reshape(-1, H, W, C), v_y)
+        eps_F, eps_J = torch.maximum(eps_F, torch.as_tensor(e_F, **fk).reshape(j - i, B).amax(0)), max(eps_J, e_J)
     L, M2 = field.lipschitz(v_y), field.curvature(v_y)
-    dn = sample_norm(d1 - Fy)  # (m+1, B)
     rd = inf["err_d1"] + eps_F + L * inf["err_y"]
     # sup ||delta''|| on the step (B,): ||D^2F[u, u]|| <= M2 (sum_i ||u_i||^4)^(1/2) token by token (Lemma 2), or
     # with each token's constant at its own variance floor where the field gives them (`token_curvature`)
@@ -82,7 +109,7 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     # delta - (its linear interpolant) = -int G delta'', G >= 0, int G = s (tau - s) / 2 <= tau^2 / 8
     rem = tau ** 2 / 8 * Mdd
     sup = torch.maximum(dn[:-1], dn[1:]) + rd + rem
-    return dict(m=m, s=s, y=y, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
+    return dict(m=m, s=s, C=C, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
                 remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J)
 
 

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bounds import lognorm as ln
-from .defect import jumps_and_start, refined_step, step_bounds
+from .defect import jumps_and_start, refined_step, step_bounds, step_states
 from .field import point_lognorms
 from .options import DirectOptions, check_inputs
 from .quartic import piecewise_quartic
@@ -86,7 +86,7 @@ def _lam_hat(lam, p: int, b: int) -> float:
 def interval_rows(flint, field, state, smp, inf, lam, p, idx, k, a, opts):
     """Theorem 5 on one log-norm interval [idx[p], idx[p+1]] of step k, every sample: updates state (radius arbs,
     reasons) and returns the interval's row of every reported quantity and its envelope data."""
-    m, h, C = smp["m"], inf["h"], smp["y"].shape[-1]
+    m, h, C = smp["m"], inf["h"], smp["C"]
     j0, j1 = idx[p], idx[p + 1]
     tau = h / m
     std_floor = torch.minimum(smp["std"][j0], smp["std"][j1]).amin(-1)  # (B,) token std at the ends
@@ -172,7 +172,8 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
         clock["defect"] += time.perf_counter() - now
         now = time.perf_counter()
         idx = lognorm_grid(smp, info[k], opts.mu_slack)
-        lam = batched_lognorms(field, smp["y"][idx], smp["v_y"], smp["eps_J"], opts.mu_claim)
+        ypts = step_states(coefs[k], info[k]["h"], smp["m"], idx)  # fl(y) at the log-norm points
+        lam = batched_lognorms(field, ypts, smp["v_y"], smp["eps_J"], opts.mu_claim)
         clock["lognorm"] += time.perf_counter() - now
         fine.append(smp), lams.append((idx, lam))
         if k == 0:
@@ -183,9 +184,8 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
         a = steps[k][0]
         for p in range(len(idx) - 1):
             rows, env = interval_rows(flint, field, state, smp, info[k], lam, p, idx, k, a, opts)
-            table.add(a + info[k]["h"] * idx[p + 1] / smp["m"], smp["y"][idx[p + 1]].clone(),
+            table.add(a + info[k]["h"] * idx[p + 1] / smp["m"], ypts[p + 1].clone(),
                       (k, idx[p], idx[p + 1], smp["m"]), rows, env)
-        smp["y"] = None  # (m+1) states of n numbers: not kept across steps (memory at full size)
         bar.set_postfix(t=f"{table.t[-1]:.4g}", radius=f"{max(table.rows['radius'][-1]):.3g}")
         begun = start if opts.clock_start is None else opts.clock_start
         if opts.max_seconds is not None and time.perf_counter() - begun > opts.max_seconds and k < len(steps) - 1:

@@ -62,9 +62,11 @@ REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps
 # 3.4e6-1.2e8 sub-intervals over its 450 test images (image 0: 9.5e6 and 5.1e5 point log-norms, t = 0.013 reached in
 # 240 s). ti and s predict 3.7e4 and 1.9e4 sub-intervals at their settings
 REF_WORK_BUDGET = 2_000_000
-# a point log-norm counted as this many field evaluations in max_work: measured 230 (digits SSoG model, n = 768,
-# 80 us per defect sub-interval, 18 ms per log-norm), 750 (digits attention model, 60 ms), 95 (ti, structured)
-LOGNORM_WORK = 256
+# a point log-norm counted as this many field evaluations in max_work, about the lowest ratio measured (a lower
+# estimate elsewhere): 40 (tiny gain-2 test model, 3.7 us per defect sub-interval, 0.15 ms per log-norm), 140 (ti,
+# structured), 230 (digits SSoG model, n = 768, 80 us and 18 ms), 750 (digits attention model, 60 ms). At 256 the
+# tiny gain-2 model (proven in 6 s: 508544 sub-intervals and 2562 log-norms used) was refused
+LOGNORM_WORK = 64
 REF_SPLIT = 1.25  # a reference step is cut into 1.25 (sampled defect / target)^(1/4) pieces (the defect ~ h^4)
 # ref_mu_slack by default: the larger of mu_slack and this / t1. The slack adds about itself to the log-norm of
 # every interval, so about a factor e^(slack t1) = e at most to r_ref, REF_SHARE of the radius or less; the
