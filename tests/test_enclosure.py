@@ -2185,6 +2185,33 @@ def test_the_defect_remainder_uses_each_tokens_own_curvature():
     assert bool((per_token <= scalar).all()) and float(per_token.max()) < 0.95 * float(scalar.max())
 
 
+def test_sample_step_in_chunks_equals_one_evaluation_of_all_samples(monkeypatch):
+    """sample_step with every sample in its own chunk (SAMPLE_TOKENS = 1) against one chunk for all: the same token
+    stds, sampled defects, rounding bounds (eps_J the largest over the chunks) and defect bounds, two samples of
+    different scales; step_states gives fl(y) at the asked points, y(s_j) by numpy's polynomial within 1e-14."""
+    import lipcheck.wellposed.defect as dm
+    from lipcheck.wellposed.quartic import piecewise_quartic
+    blk = random_block(8, heads=2, seed=5)
+    field = wp.SSoGField(blk, 3, 3)
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(2, 3, 3, 8, dtype=D, generator=g) * torch.tensor([0.5, 3.0], dtype=D).reshape(2, 1, 1, 1)
+    steps, coefs, _ = piecewise_quartic(blk.vector_field, x0, 0.3, method="dopri5", tol=1e-6)
+    c, inf = coefs[0], dm.step_bounds(steps, coefs, 8)[0]
+    monkeypatch.setattr(dm, "SAMPLE_TOKENS", 10 ** 9)
+    one = dm.sample_step(field, c, inf, 16)
+    monkeypatch.setattr(dm, "SAMPLE_TOKENS", 1)
+    assert len(dm._chunks(16, 2, 9)) == 17
+    many = dm.sample_step(field, c, inf, 16)
+    for key in ("std", "sampled", "defect", "remainder", "floor"):  # the sampled defects cancel: F's rounding shows
+        assert torch.allclose(one[key], many[key], rtol=1e-12, atol=1e-9 * float(one[key].abs().max())), key
+    assert many["eps_J"] == pytest.approx(one["eps_J"], rel=1e-12) and many["v_y"] == pytest.approx(one["v_y"], rel=1e-12)
+    ys = dm.step_states(c, inf["h"], 16, [0, 5, 16]).reshape(3, 2, -1).numpy()
+    cn = c.reshape(5, 2, -1).numpy()
+    for r, j in enumerate((0, 5, 16)):
+        want = sum(cn[k] * (j / 16) ** k for k in range(5))
+        assert np.allclose(ys[r], want, rtol=1e-14, atol=1e-14 * np.abs(cn).sum(0).max())
+
+
 def test_bernstein_sup_margin_follows_the_coefficients_dtype():
     """_bern_sup's rounding margin is gamma_16 of the coefficients' own dtype: float32 coefficients get a margin
     about 1e-6 relative above the float64 evaluation of the same numbers (float64's 1e-15 would not cover float32's
