@@ -2205,6 +2205,23 @@ def test_sample_step_in_chunks_equals_one_evaluation_of_all_samples(monkeypatch)
     for key in ("std", "sampled", "defect", "remainder", "floor"):  # the sampled defects cancel: F's rounding shows
         assert torch.allclose(one[key], many[key], rtol=1e-12, atol=1e-9 * float(one[key].abs().max())), key
     assert many["eps_J"] == pytest.approx(one["eps_J"], rel=1e-12) and many["v_y"] == pytest.approx(one["v_y"], rel=1e-12)
+
+    class Loud:  # rounding bounds that vary along the step and decide the defect: the maxima over chunks matter
+        def __getattr__(self, name):
+            return getattr(field, name)
+
+        def __call__(self, x):
+            return field(x)
+
+        def rounding(self, y, v):  # eps_J largest (1) at the step's start, in the first chunk only
+            start = (y.reshape(-1, *c.shape[1:]) - c[0]).flatten(2).norm(dim=-1).min()
+            return y.flatten(1).norm(dim=1), float(1 / (1 + start))
+    monkeypatch.setattr(dm, "SAMPLE_TOKENS", 10 ** 9)
+    one = dm.sample_step(Loud(), c, inf, 16)
+    monkeypatch.setattr(dm, "SAMPLE_TOKENS", 1)
+    many = dm.sample_step(Loud(), c, inf, 16)
+    assert many["eps_J"] == one["eps_J"] == 1.0
+    assert torch.allclose(one["defect"], many["defect"], rtol=1e-14, atol=0)
     ys = dm.step_states(c, inf["h"], 16, [0, 5, 16]).reshape(3, 2, -1).numpy()
     cn = c.reshape(5, 2, -1).numpy()
     for r, j in enumerate((0, 5, 16)):
