@@ -9,11 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import time
 from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from ..models.ode import FIXED_STEP, SOLVERS, VectorField, integrate
 

@@ -1,7 +1,6 @@
 """Tolerance sweeps: every method at every tolerance against the converged reference; convergence slopes."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
