@@ -2222,7 +2222,7 @@ def test_sample_step_in_chunks_equals_one_evaluation_of_all_samples(monkeypatch)
     many = dm.sample_step(Loud(), c, inf, 16)
     assert many["eps_J"] == one["eps_J"] == 1.0
     assert torch.allclose(one["defect"], many["defect"], rtol=1e-14, atol=0)
-    ys = dm.step_states(c, inf["h"], 16, [0, 5, 16]).reshape(3, 2, -1).numpy()
+    ys = dm.step_states(c, many, inf["h"], [0, 5, 16]).reshape(3, 2, -1).numpy()
     cn = c.reshape(5, 2, -1).numpy()
     for r, j in enumerate((0, 5, 16)):
         want = sum(cn[k] * (j / 16) ** k for k in range(5))

@@ -161,8 +161,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-work", type=float, default=None,
                    help="a budget in units of work for each enclosure: the field evaluations its reference "
                         "enclosure is predicted to need (its defect sub-intervals, and 64 per point log-norm; default "
-                        "lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no budget); over it, the report gives the prediction and the field's constants as the reason, "
-                        "without trying. Unlike --max-seconds, the same on any machine and under any load")
+                        "lipcheck.wellposed.REF_WORK_BUDGET = 2e6; inf: no budget); over it, the report gives the "
+                        "prediction and the field's constants as the reason, without trying. Unlike --max-seconds, the same on any machine and under any load")
     p.add_argument("--all-test-images", action="store_true",
                    help="with --checkpoint: every image of the data set's test split (not with --images); under "
                         "torchrun the batches are shared out over the processes and rank 0 writes one report, "

@@ -60,18 +60,18 @@ def _chunks(m: int, B: int, N: int) -> list:
     return [(i, min(i + per, m + 1)) for i in range(0, m + 1, per)]
 
 
-def step_states(c: torch.Tensor, h: float, m: int, idx) -> torch.Tensor:
-    """fl(y(s_j)) at the sample points j in idx of a step cut into m sub-intervals: (len(idx), B, H, W, C), each
-    within the evaluation error err_y of y(s_j) (as every evaluation of y in the proof)."""
-    s = torch.linspace(0.0, 1.0, m + 1, dtype=c.dtype, device=c.device)
-    return _poly(c, s[list(idx)], h, 0)
+def step_states(c: torch.Tensor, smp: dict, h: float, idx) -> torch.Tensor:
+    """fl(y(s_j)) at the sample points j in idx of the step `sample_step` sampled as smp: (len(idx), B, H, W, C),
+    each within the evaluation error err_y of y(s_j) (as every evaluation of y in the proof)."""
+    return _poly(c, smp["s"][list(idx)], h, 0)
 
 
 def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     """The defect bound on the m sub-intervals of one step with coefficients c (5, B, H, W, C): per sub-interval
     and sample `defect` >= sup ||delta||, with the sampled values, the remainder and the constants it used. The
-    samples are evaluated in chunks of about SAMPLE_TOKENS tokens (the states at the log-norm points are evaluated
-    again by `step_states`): the per-sample numbers and the maxima are those of one evaluation of all."""
+    samples are evaluated in chunks of about SAMPLE_TOKENS tokens, y twice (once more for the rounding bounds, which
+    need the variance floor of all chunks; the states at the log-norm points are evaluated again by `step_states`):
+    the per-sample numbers and the maxima are those of one evaluation of all."""
     B, H, W, C = c.shape[1:]
     fk = dict(dtype=c.dtype, device=c.device)
     u = ln.unit_roundoff(c.dtype)

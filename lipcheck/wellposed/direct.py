@@ -172,7 +172,7 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
         clock["defect"] += time.perf_counter() - now
         now = time.perf_counter()
         idx = lognorm_grid(smp, info[k], opts.mu_slack)
-        ypts = step_states(coefs[k], info[k]["h"], smp["m"], idx)  # fl(y) at the log-norm points
+        ypts = step_states(coefs[k], smp, info[k]["h"], idx)  # fl(y) at the log-norm points
         lam = batched_lognorms(field, ypts, smp["v_y"], smp["eps_J"], opts.mu_claim)
         clock["lognorm"] += time.perf_counter() - now
         fine.append(smp), lams.append((idx, lam))

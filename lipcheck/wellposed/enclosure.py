@@ -58,7 +58,7 @@ REF_STEPS = 512  # reference steps spent on tightness alone (up to ref_max_steps
 # load): the defect sub-intervals its reference enclosure is predicted to need (`_sub_intervals`) plus LOGNORM_WORK
 # per predicted point log-norm (`_lognorm_points`). The sub-interval prediction is 1.5-2.3x the count used on the
 # digits ODE models proven (SSoG trained and init, attention init: 25600-89998 used, 43000-207000 predicted), the
-# log-norm one 465 against 457 used on the trained SSoG model (image 0); the trained attention model predicts
+# log-norm one 499 against 457 used on the trained SSoG model (image 0); the trained attention model predicts
 # 3.4e6-1.2e8 sub-intervals over its 450 test images (image 0: 9.5e6 and 5.1e5 point log-norms, t = 0.013 reached in
 # 240 s). ti and s predict 3.7e4 and 1.9e4 sub-intervals at their settings
 REF_WORK_BUDGET = 2_000_000
@@ -341,8 +341,9 @@ def _reference_pieces(sf, x0, t1, user, rt, method, ref_defect_ratio, ref_defect
     ref_defect_abs where given): its steps are shortened until its sampled defect, and (in the enclosure) its
     sub-intervals refined until the remainder, are below the target (tuning choices, not part of the proof).
     (None, reasons) where the target is out of float64's reach for every sample (`_out_of_reach`), or the work it
-    would take is over max_work (`_over_budget`, with the enclosure's log-norm slack `slack`). No refinement round starts after `deadline` (a
-    time.perf_counter() value, from max_seconds): the rounds only tune, and the enclosure refines what they left."""
+    would take is over max_work (`_over_budget`, with the enclosure's log-norm slack `slack`). No refinement round
+    starts after `deadline` (a time.perf_counter() value, from max_seconds): the rounds only tune, and the enclosure
+    refines what they left."""
     rpieces = piecewise_quartic(sf, x0, t1, method=method, tol=rt)
     if ref_defect_abs is not None or field is None:  # a given target: tightness alone, REF_STEPS steps
         ref_max_steps = min(ref_max_steps, REF_STEPS)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from ..mixers.ssog import SSoG
 from ..models.ode import FIXED_STEP, SOLVERS, VectorField, integrate
 
 METHODS = ("dopri5", "dopri8", "bosh3", "rk4")
@@ -83,7 +84,7 @@ def prepare(model, images, *, input_scale: float = 1.0, device=None, dtype=torch
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
     block = model.vector_field.block
-    if getattr(block.mixer, "backend", None) is not None and type(block.mixer).__name__ == "SSoG":
+    if isinstance(block.mixer, SSoG):
         # the GEMM backend whatever the model uses: Lemma 4's rounding model (dot products of lengths W and H M)
         # covers it (an FFT evaluation would not fit), and it is the fastest float64 field (ti: 1.5 ms a state
         # against 2.3 ms for the einsum reference, the same floats)
