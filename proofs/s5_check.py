@@ -183,6 +183,27 @@ b3 = [sum(sp.binomial(j, k) / sp.binomial(n3, k) * a_s[k] for k in range(j + 1))
 check("power -> Bernstein: b_j = sum_k C(j,k)/C(n,k) a_k (cubic)",
       sp.expand(sum(b * B for b, B in zip(b3, B3)) - sum(a * sg ** k for k, a in enumerate(a_s))) == 0)
 
+# Step 8 (Lemma 7): LayerNorm's Jacobian-vector product J u = gamma (u_c - xh <xh, u_c> / C) / s, u_c = u - mean(u),
+# xh = (x - mean(x)) / s, s^2 = var(x) + eps, against sympy's directional derivative (C = 3, symbolic gamma and eps)
+xs8, us8, gs8 = sp.symbols("x0:3"), sp.symbols("u0:3"), sp.symbols("g0:3")
+ep8, h8 = sp.symbols("epsilon h", positive=True)
+
+
+def _ln8(x):
+    m = sum(x) / 3
+    sd = sp.sqrt(sum((xi - m) ** 2 for xi in x) / 3 + ep8)
+    return [g * (xi - m) / sd for g, xi in zip(gs8, x)]
+
+
+dir8 = [sp.diff(o, h8).subs(h8, 0) for o in _ln8([xi + h8 * ui for xi, ui in zip(xs8, us8)])]
+m8, mu8 = sum(xs8) / 3, sum(us8) / 3
+sd8 = sp.sqrt(sum((xi - m8) ** 2 for xi in xs8) / 3 + ep8)
+xh8 = [(xi - m8) / sd8 for xi in xs8]
+uc8 = [ui - mu8 for ui in us8]
+dot8 = sum(a * b for a, b in zip(xh8, uc8)) / 3
+jvp8 = [g * (uc - xh * dot8) / sd8 for g, uc, xh in zip(gs8, uc8, xh8)]
+check("Lemma 7: J_LN u = gamma (u_c - xh <xh, u_c> / C) / s", all(sp.simplify(a - b) == 0 for a, b in zip(dir8, jvp8)))
+
 # Step A1 ("The attention field", Lemma A1): softmax's derivatives as moments. For p = softmax(s) on 3 entries,
 # d E_p[g][a] = Cov_p(a, g) and d^2 E_p[g][a, b] = E_p[(a - a_bar)(b - b_bar)(g - g_bar)]; then the attention
 # output y_i = sum_j p_ij z_j with s_ij = (a z_i + c) z_j / sigma (2 tokens, C = 1) has

@@ -809,12 +809,16 @@ def test_envelope_intervals_tile_the_enclosure_times():
         t = (enc.reference or enc).t.tolist()
         assert len(taus) == len(t) - 1
         assert np.allclose(taus, np.diff(t), rtol=0, atol=1e-14) and abs(sum(taus) - 1.0) <= 1e-13, kw
-        # every interval records its log-norm, token std floor and drift per sample; the closing one after a failure
-        # has no log-norm (inf), no floor (0) and no drift bound (inf)
-        assert all(set(iv) == {"tau", "lam", "std", "drift"} for iv in enc._envelope_data["intervals"])
+        # every interval records its log-norm, token std floor, drift, evaluation offset and bend along y per sample
+        # (a linear field has no Lemma 7 bound: bend inf); the closing one after a failure has no log-norm (inf), no
+        # floor (0) and no drift bound (inf)
+        assert all(set(iv) == {"tau", "lam", "std", "drift", "offset", "bend"}
+                   for iv in enc._envelope_data["intervals"])
+        assert all(b == math.inf for iv in enc._envelope_data["intervals"] for b in iv["bend"])
         if "tube" in kw:
             assert enc._envelope_data["intervals"][-1] == dict(tau=taus[-1], lam=[math.inf] * 2, std=[0.0] * 2,
-                                                               drift=[math.inf] * 2)
+                                                               drift=[math.inf] * 2, offset=[0.0] * 2,
+                                                               bend=[math.inf] * 2)
     assert enc.reference.stats["tol"] == enc.stats["ref_tol"] == pytest.approx(1e-9) and enc.stats["tol"] == 1e-6
     # the pieces kept with the result are the user's solve y: its quartics give the reported centres
     steps, coefs = enc._pieces["steps"], enc._pieces["coefs"]
@@ -1438,7 +1442,9 @@ def test_direct_enclosure_statistics_of_a_linear_field():
     assert st["lipschitz_max"] == f.lipschitz(0.0) and st["curvature_max"] == 0.0 and st["variance_floor"] == 0.0
     lam = max(_lam_max(A), 0.0)
     assert np.allclose(st["stiffness"], lam * h, rtol=1e-9, atol=0) and st["stiffness_max"] == max(st["stiffness"])
-    assert st["fine_points"] >= 8 * st["steps"] and st["lognorm_points"] >= 2 * st["steps"]
+    # each step's start log-norm after the first is carried over from the previous step's end (curvature 0 here)
+    assert st["lognorm_carried"] == st["steps"] - 1
+    assert st["fine_points"] >= 8 * st["steps"] and st["lognorm_points"] + st["lognorm_carried"] >= 2 * st["steps"]
     assert st["nfe_forward"] >= 6 * (st["accepted"] + st["rejected"]) and st["nfe_dense_output"] > 0
     assert (st["method"], st["tol"], st["defect_ratio"], st["mu_slack"], st["lognorm"], st["eigensolves"]) == \
         ("dopri5", 1e-5, 0.5, 0.125, "given", None)
@@ -1677,7 +1683,9 @@ def test_direct_enclosure_of_hand_made_pieces_is_theorem_5_to_the_last_term():
             if k > 0:
                 r += nrm(vals[k] - vals[k - 1]) * (1 + gam(8)) + ev * (nrm(vals[k - 1]) + nrm(vals[k]))
             mu = float(enc.mu[k, b])
-            assert lam[b] <= mu and abs(mu - lam[b] * (1 + gam(8))) <= 1e-16 * (1 + lam[b])
+            # after the first step the start's log-norm is the previous end's carried over (rounded up once more)
+            twice = 2 if k else 1
+            assert lam[b] <= mu and abs(mu - lam[b] * (1 + gam(8)) ** twice) <= twice * 1.2e-16 * (1 + lam[b])
             R = _mp_recurrence(r, [d[k]] * 8, (bk - a) / 8, mu)
             got = mpmath.mpf(float(enc.radius[k + 1, b]))
             assert max(R) <= got <= max(R) * (1 + 1e-14), (b, k, float(got), float(max(R)))
@@ -1693,8 +1701,11 @@ def test_direct_enclosure_of_hand_made_pieces_is_theorem_5_to_the_last_term():
     assert (st["method"], st["tol"], st["defect_ratio"], st["mu_slack"], st["lognorm"], st["eigensolves"]) == \
         ("dopri5", 1e-3, 0.25, 0.25, "given", None)
     assert (st["nfe_forward"], st["nfe_dense_output"], st["accepted"], st["rejected"], st["steps"]) == (17, 5, 3, 1, 3)
-    assert (st["fine_points"], st["lognorm_points"], st["lipschitz_max"], st["curvature_max"]) == (24, 6, L, 0.0)
-    assert st["stiffness"] == [0.75 * 0.25, 0.75 * 0.25, 0.75 * 0.5] and st["stiffness_max"] == 0.75 * 0.5
+    assert (st["fine_points"], st["lognorm_points"], st["lognorm_carried"], st["lipschitz_max"], st["curvature_max"]) \
+        == (24, 4, 2, L, 0.0)
+    # (the later steps' start log-norms are the carried ones, rounded up once more)
+    assert st["stiffness"] == pytest.approx([0.75 * 0.25, 0.75 * 0.25, 0.75 * 0.5], rel=3e-15, abs=0)
+    assert st["stiffness_max"] == max(st["stiffness"])
     assert st["step_sizes"] == [0.25, 0.25, 0.5] and st["variance_floor"] == 0.0
     # the envelope integrates the same log-norms: exp(sum mu tau), each factor rounded up
     G = wp.lognorm_envelope(enc, 1e-3)
@@ -1916,7 +1927,7 @@ def test_mu_bar_and_envelope_round_up_negative_log_norms():
     with mpmath.workdps(50):
         assert mpmath.mpf(mu) >= -1 + 3 * (mpmath.mpf(0.1) + mpmath.mpf(0.2333333333333333))
     from types import SimpleNamespace
-    iv = dict(tau=1.0, lam=[-3.0], std=[1.0], drift=[0.0])
+    iv = dict(tau=1.0, lam=[-3.0], std=[1.0], drift=[0.0], offset=[0.0], bend=[math.inf])
     enc = SimpleNamespace(proven=torch.tensor([True]), _envelope_data=dict(
         intervals=[iv], field=_CurvField(0.0), radius=torch.zeros(2, 1, dtype=D), C=4))
     G = wp.lognorm_envelope(enc, 0.0)
@@ -2169,19 +2180,22 @@ def test_the_defect_remainder_uses_each_tokens_own_curvature():
     floor = (y.var(-1, unbiased=False).sqrt().flatten(2) - 1e-3)  # (33, B, N): below every sampled std
     got = float(dm.token_curvature(field, floor, inf["speed_tok"], 8)[0])
     assert actual <= got
-    per_token = dm.sample_step(field, c, inf, 16)["remainder"]
 
-    class Scalar:  # the same field without curvature_parts
+    class Without:  # the same field without some of its bounds (Lemma 7's `directional` hidden in both)
         uses_variance = True
 
+        def __init__(self, *names):
+            self.names = names + ("directional",)
+
         def __getattr__(self, name):
-            if name == "curvature_parts":
+            if name in self.names:
                 raise AttributeError(name)
             return getattr(field, name)
 
         def __call__(self, x):
             return field(x)
-    scalar = dm.sample_step(Scalar(), c, inf, 16)["remainder"]
+    per_token = dm.sample_step(Without(), c, inf, 16)["remainder"]
+    scalar = dm.sample_step(Without("curvature_parts"), c, inf, 16)["remainder"]
     assert bool((per_token <= scalar).all()) and float(per_token.max()) < 0.95 * float(scalar.max())
 
 

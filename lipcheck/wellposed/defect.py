@@ -8,6 +8,7 @@ import torch
 
 from ..bounds import lognorm as ln
 from ..bounds.network import token_variance_lower
+from . import directional
 from .quartic import _bern_sup, _eval, _poly, _token_speed
 from .solve import sample_norm
 
@@ -105,12 +106,19 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
     curv = M2 * torch.minimum(inf["sq4"], inf["d1"] ** 2)
     if field.uses_variance and hasattr(field, "curvature_parts"):
         curv = torch.minimum(curv, token_curvature(field, floor_tok, inf["speed_tok"], C))
-    Mdd = inf["d3"] + curv + L * inf["d2"]
+    along = {}
+    if field.uses_variance and directional.applies(field):  # along y' (Lemma 7): per piece, (m, B)
+        along = directional.piece_bounds(field, c, inf, s, floor_tok)
+        curv = torch.minimum(curv, along.pop("curv"))
+    Jd2 = L * inf["d2"]  # ||J_F(y) y''|| on the step: Lemma 2, or Lemma 7 along y where smaller
+    if along:
+        Jd2 = torch.minimum(Jd2, directional.jy_bound(field, c, inf, v_y, L, M2))
+    Mdd = inf["d3"] + curv + Jd2
     # delta - (its linear interpolant) = -int G delta'', G >= 0, int G = s (tau - s) / 2 <= tau^2 / 8
     rem = tau ** 2 / 8 * Mdd
     sup = torch.maximum(dn[:-1], dn[1:]) + rd + rem
     return dict(m=m, s=s, C=C, std=std, floor=floor, defect=sup * (1 + ln.gamma(16, u)), sampled=dn,
-                remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J)
+                remainder=rem, v_y=v_y, L=L, M2=M2, eps_J=eps_J, tau=tau, **along)
 
 
 def token_curvature(field, floor_tok: torch.Tensor, speed_tok: torch.Tensor, C: int) -> torch.Tensor:
@@ -154,5 +162,6 @@ def refined_step(field, c, inf, opts) -> dict:
                              torch.as_tensor(opts.defect_abs, **fk))  # remainder <= ratio * sampled, or <= abs
         worst = float((smp["remainder"] / base.clamp_min(1e-300)).max())
         if worst <= 1 or m >= opts.max_per_step or not math.isfinite(worst):
+            inf.pop("_jy", None)  # Lemma 7's node states, kept for the rounds of this step only (memory)
             return smp
         m = min(opts.max_per_step, sub_interval_count(max(1.25 * m, 1.001 * m * math.sqrt(worst))))

@@ -9,11 +9,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bounds import lognorm as ln
+from . import directional
 from .defect import jumps_and_start, refined_step, step_bounds, step_states
 from .field import point_lognorms
 from .options import DirectOptions, check_inputs
 from .quartic import piecewise_quartic
-from .recurrence import _arb, _bootstrap, upper
+from .recurrence import _arb, _bootstrap, _mu_bar, upper
 from .result import Enclosure
 
 ROWS = ("radius", "tube", "mu", "defect", "sampled", "mu_point")
@@ -21,13 +22,14 @@ ROWS = ("radius", "tube", "mu", "defect", "sampled", "mu_point")
 
 def lognorm_grid(smp: dict, inf: dict, mu_slack: float) -> list:
     """Indices of the fine nodes where point log-norms are taken: P intervals, enough that the curvature term
-    M2 * drift grows by about mu_slack on each: the smallest divisor of the m sub-intervals at or above that count
-    (the next power of two when m is one; the counts of `defect.sub_interval_count` have divisors 2^a >= m / 7)."""
+    M2 * drift (or Lemma 7's bend along y) grows by about mu_slack on each: the smallest divisor of the m
+    sub-intervals at or above that count (the next power of two when m is one; the counts of
+    `defect.sub_interval_count` have divisors 2^a >= m / 7)."""
     m = smp["m"]
-    if math.isfinite(smp["M2"]):
-        P = max(1, math.ceil(smp["M2"] * float(inf["speed"].max()) * inf["h"] / (2 * mu_slack)))
-    else:
-        P = m
+    rate = smp["M2"] * float(inf["speed"].max())  # how fast J_F moves along y: Lemma 2, or Lemma 7 where smaller
+    if "rate" in smp:
+        rate = min(rate, float(smp["rate"].max()))
+    P = max(1, math.ceil(rate * inf["h"] / (2 * mu_slack))) if math.isfinite(rate) else m
     P = next(d for d in range(min(m, P), m + 1) if m % d == 0)
     return list(range(0, m + 1, m // P))
 
@@ -52,6 +54,19 @@ def batched_lognorms(field, ypts: torch.Tensor, v: float, eps_J: float, mu_claim
             return point_lognorms(field, ypts, v, eps_J)
         out.append(lam)
     return torch.cat(out).reshape(P, B)
+
+
+def carried_lognorm(field, lam_end, std_end, y_end, y_start, offset) -> torch.Tensor:
+    """(B,) >= mu_2(J_F(y_start)) from the verified lam_end >= mu_2(J_F(y_end)) at the previous step's last float
+    state: mu_2(J_F(a)) <= mu_2(J_F(b)) + M2(v) max_i ||a_i - b_i|| (Lemma 2), v the variance floor of the ball around
+    y_end reaching that far (`recurrence._mu_bar`, exact and rounded up). The distance is rounded up by
+    1 + gamma_{C+2}; `offset` (2 e_y) covers the token stds std_end having been taken at y_end's other evaluation."""
+    C = y_end.shape[-1]
+    dist = ((y_start - y_end).norm(dim=-1).flatten(1).amax(1) * (1 + ln.gamma(C + 2, ln.unit_roundoff(y_end.dtype))))
+    floor = std_end.amin(-1)
+    return torch.tensor([_mu_bar(field, float(lam_end[b]), float(floor[b]), 0.0, float(dist[b]), C,
+                                 float(offset[b]))[0] for b in range(len(dist))], dtype=lam_end.dtype,
+                        device=lam_end.device)
 
 
 def _where(out: dict, k: int, a: float, h: float, j0: int, j1: int, m: int) -> str:
@@ -94,6 +109,7 @@ def interval_rows(flint, field, state, smp, inf, lam, p, idx, k, a, opts):
     drift = inf["speed"] * ((j1 - j0) * tau / 2) * (1 + ln.gamma(3, ln.unit_roundoff(std_floor.dtype)))
     offset = inf["err_y"]
     rows = {name: [] for name in ROWS}
+    bends = [directional.bend(smp, j0, j1, b) for b in range(len(state["r"]))]  # Lemma 7 (inf: not available)
     for b in range(len(state["r"])):
         dsub = smp["defect"][j0:j1, b]
         rows["defect"].append(float(dsub.max()))
@@ -106,7 +122,7 @@ def interval_rows(flint, field, state, smp, inf, lam, p, idx, k, a, opts):
         claim = _claim_failure(lam_hat, k, a + h * j1 / m)
         out = dict(ok=False, why=claim) if claim else _bootstrap(
             flint, field, state["r"][b], [float(x) for x in dsub], tau, lam_hat, float(std_floor[b]),
-            float(drift[b]), C, opts.tube, opts.max_tube, float(offset[b]))
+            float(drift[b]), C, opts.tube, opts.max_tube, float(offset[b]), bends[b])
         if out["ok"]:
             state["r"][b] = out["r_end"]
             rows["radius"].append(out["sup"]), rows["tube"].append(out["rho"]), rows["mu"].append(out["mu"])
@@ -114,10 +130,10 @@ def interval_rows(flint, field, state, smp, inf, lam, p, idx, k, a, opts):
             state["reason"][b] = out["why"] if claim else _where(out, k, a, h, j0, j1, m)
             rows["radius"].append(math.inf)
             rows["tube"].append(out.get("rho", math.nan)), rows["mu"].append(out.get("mu", math.nan))
-    # the envelope's tubes reach drift + ||fl(y) - y|| from the evaluated points: one number, rounded up
-    env = dict(tau=(j1 - j0) * tau, lam=[_lam_hat(lam, p, b) for b in range(len(state["r"]))],
-               std=std_floor.tolist(), drift=[math.nextafter(d + e, math.inf) for d, e in zip(drift.tolist(),
-                                                                                           offset.tolist())])
+    # the envelope's tubes reach drift + ||fl(y) - y|| from the evaluated points (the two kept apart: Lemma 7's bend
+    # replaces the drift's curvature term only)
+    env = dict(tau=(j1 - j0) * tau, lam=[_lam_hat(lam, p, b) for b in range(len(state["r"]))], bend=bends,
+               std=std_floor.tolist(), drift=drift.tolist(), offset=offset.tolist())
     return rows, env
 
 
@@ -139,7 +155,7 @@ class _Table:
         rows = {name: [math.nan] * B for name in ROWS}
         rows["radius"] = [math.inf] * B
         self.add(t1, center, None, rows, dict(tau=t1 - self.t[-1], lam=[math.inf] * B, std=[0.0] * B,
-                                              drift=[math.inf] * B))
+                                              drift=[math.inf] * B, offset=[0.0] * B, bend=[math.inf] * B))
 
 
 def _out_of_time(state, table, opts, k):
@@ -164,7 +180,7 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
     info = step_bounds(steps, coefs, C)
     jumps, r0 = jumps_and_start(x0, coefs, info)
     state = dict(r=[flint.arb(float(x)) for x in r0], reason=[None] * B)
-    table, fine, lams = _Table(r0, coefs[0][0]), [], []
+    table, fine, lams, carried = _Table(r0, coefs[0][0]), [], [], 0
     bar = tqdm(range(len(steps)), desc="enclose", disable=not opts.progress, leave=False)
     for k in bar:  # one step at a time (defect, log-norms, propagation): a failure stops the work where it happens
         now = time.perf_counter()
@@ -173,9 +189,19 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
         now = time.perf_counter()
         idx = lognorm_grid(smp, info[k], opts.mu_slack)
         ypts = step_states(coefs[k], smp, info[k]["h"], idx)  # fl(y) at the log-norm points
-        lam = batched_lognorms(field, ypts, smp["v_y"], smp["eps_J"], opts.mu_claim)
+        if k > 0 and opts.mu_claim is None:  # the step's start from the previous step's end (one log-norm fewer)
+            lam = batched_lognorms(field, ypts[1:], smp["v_y"], smp["eps_J"])
+            lam0 = carried_lognorm(field, lams[-1][1][-1], fine[-1]["std"][-1], lams[-1][2], ypts[0],
+                                   2 * info[k - 1]["err_y"])
+            if not bool(torch.isfinite(lam0).all()):  # the carried bound lost its floor: taken at the point
+                lam0 = torch.where(torch.isfinite(lam0), lam0,
+                                   batched_lognorms(field, ypts[:1], smp["v_y"], smp["eps_J"])[0])
+            lam = torch.cat([lam0[None], lam])
+            carried += 1
+        else:
+            lam = batched_lognorms(field, ypts, smp["v_y"], smp["eps_J"], opts.mu_claim)
         clock["lognorm"] += time.perf_counter() - now
-        fine.append(smp), lams.append((idx, lam))
+        fine.append(smp), lams.append((idx, lam, ypts[-1]))
         if k == 0:
             table.rows["mu_point"].append(lam[0].tolist())
         for b in range(B):
@@ -194,20 +220,21 @@ def enclose_direct(field, x0: torch.Tensor, t1: float, opts: DirectOptions, piec
             table.close(t1, coefs[-1].sum(0), B)
             break
     clock["total"] = time.perf_counter() - start
-    return _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock)
+    return _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock, carried)
 
 
-def _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock) -> Enclosure:
+def _assemble(table, state, steps, coefs, sol, fine, lams, field, x0, t1, opts, clock, carried) -> Enclosure:
     fk = dict(dtype=x0.dtype, device=x0.device)
     stiff = [max(float(torch.nan_to_num(lam, nan=-math.inf).max()), 0.0) * (steps[k][1] - steps[k][0])
-             for k, (_, lam) in enumerate(lams)]
+             for k, (_, lam, _) in enumerate(lams)]
     t = torch.tensor(table.t, **fk)
     t[-1] = t1
     dense = getattr(field, "_dense", None)
     stats = dict(method=opts.method, tol=opts.tol, nfe_forward=sol["nfe_forward"],
                  nfe_dense_output=sol["nfe_dense_output"], accepted=sol["accepted"], rejected=sol["rejected"],
                  steps=len(steps), fine_points=sum(s["m"] for s in fine),
-                 lognorm_points=sum(len(idx) for idx, _ in lams), lognorm=getattr(field, "lognorm_kind", "given"),
+                 lognorm_points=sum(len(idx) for idx, _, _ in lams) - carried, lognorm_carried=carried,
+                 lognorm=getattr(field, "lognorm_kind", "given"),
                  eigensolves=(dense.eigensolves if dense is not None
                               else getattr(field, "_cache", {}).get("eigensolves")),
                  stiffness_max=max(stiff), stiffness=stiff, step_sizes=[b - a for a, b in steps],

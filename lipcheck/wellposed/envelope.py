@@ -14,7 +14,7 @@ def _interval_growth(field, C, iv, b, g0, rad, eps):
     guess = g0 * math.exp(max(iv["lam"][b], 0.0) * iv["tau"]) * 1.5
     for _ in range(6):
         rho = rad + eps * max(g0, guess)
-        mu, _ = _mu_bar(field, iv["lam"][b], iv["std"][b], iv["drift"][b], rho, C)
+        mu, _ = _mu_bar(field, iv["lam"][b], iv["std"][b], iv["drift"][b], rho, C, iv["offset"][b], iv["bend"][b])
         if not math.isfinite(mu):
             return math.inf
         g1 = up(g0 * math.exp(up(mu * iv["tau"], 4)), 4)  # directed for either sign of mu

@@ -53,6 +53,7 @@ class SSoGField(BlockField):
 
     Any other field object with the same interface (__call__, lipschitz(v), curvature(v), rounding(y, v),
     lognorm(y, v, eps_J), uses_variance) is enclosed the same way."""
+    directional = True  # Lemma 7's bounds along y' apply (`directional.piece_bounds`): a linear mixer and an MLP
 
     def __init__(self, block, H: int, W: int, *, lognorm: str = "auto", dtype=torch.float64, device=None):
         self.block = block

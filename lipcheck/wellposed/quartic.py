@@ -77,10 +77,16 @@ def _bern_sup(c: torch.Tensor, h: float, d: int) -> torch.Tensor:
 
 
 def _token_speed(c: torch.Tensor, h: float) -> torch.Tensor:
-    """Per token sup over the step of ||y_i'|| (B, N) from the Bernstein coefficients of the cubic y' (Lemma 6),
-    rounded up by gamma_16 times the coefficient sums."""
-    a = [(k + 1) * c[k + 1] / h for k in range(4)]
-    b = torch.stack([sum(math.comb(j, k) / math.comb(3, k) * a[k] for k in range(j + 1)) for j in range(4)])
+    """Per token sup over the step of ||y_i'|| (B, N) (`_token_sup`, d = 1)."""
+    return _token_sup(c, h, 1)
+
+
+def _token_sup(c: torch.Tensor, h: float, d: int) -> torch.Tensor:
+    """Per token sup over the step of ||y_i^(d)|| (B, N) from the Bernstein coefficients of the polynomial y^(d)
+    (Lemma 6), rounded up by gamma_{16 + C} times the coefficient sums."""
+    n = 4 - d
+    a = [math.factorial(k + d) // math.factorial(k) * c[k + d] / h ** d for k in range(n + 1)]
+    b = torch.stack([sum(math.comb(j, k) / math.comb(n, k) * a[k] for k in range(j + 1)) for j in range(n + 1)])
     g = ln.gamma(16 + c.shape[-1], ln.unit_roundoff(c.dtype))
     tok = lambda x: x.norm(dim=-1).flatten(1)  # noqa: E731  (B, H, W, C) -> (B, N)
     return (b.norm(dim=-1).flatten(2).amax(0) + g * sum(tok(x) for x in a)) * (1 + g)

@@ -72,12 +72,13 @@ def tube_variance(std_floor: float, reach: float, C: int) -> float:
     return round_down(s * s) if s > 0 else -1.0
 
 
-def _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset=0.0):
+def _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset=0.0, bend=INF):
     """mu over the tube: lam_hat + M2(v) (rho + drift), v the token-variance floor of the tube (Lemma 2). The sum is
-    formed exactly (lam_hat may be negative) with gamma_8 (|lam_hat| + M2 (rho + drift)) added for the float
+    formed exactly (lam_hat may be negative) with gamma_8 (|lam_hat| + the growth) added for the float
     evaluation of M2(v), then rounded up. `offset`: the distance between the centre y and the float state at
-    which lam_hat and std_floor were evaluated (its tube reaches that much further). Returns (mu, v); (inf, 0)
-    when the floor is lost."""
+    which lam_hat and std_floor were evaluated (its tube reaches that much further). `bend`: a bound on
+    ||J_F(y(s)) - J_F(y(s_e))|| along y (Lemma 7), used in place of M2(v) drift where smaller. Returns (mu, v);
+    (inf, 0) when the floor is lost."""
     if not (math.isfinite(rho + drift + offset) and math.isfinite(std_floor)):
         return INF, 0.0
     reach = Fraction(rho) + Fraction(drift) + Fraction(offset)
@@ -92,7 +93,11 @@ def _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset=0.0):
     M2 = field.curvature(v)
     if not math.isfinite(M2) or not math.isfinite(lam_hat):
         return INF, v
-    lam, grow = Fraction(lam_hat), Fraction(M2) * reach
+    lam = Fraction(lam_hat)
+    along = Fraction(M2) * Fraction(drift)
+    if math.isfinite(bend):
+        along = min(along, Fraction(bend))
+    grow = Fraction(M2) * (Fraction(rho) + Fraction(offset)) + along
     return round_up(lam + grow + Fraction(gamma(8)) * (abs(lam) + grow)), v
 
 
@@ -115,11 +120,11 @@ def _propagate(flint, r, dsub, tau, mu):
     return end, flint.arb(max(ups))
 
 
-def _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset):
+def _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset, bend=INF):
     """The tube radii to try: `tube` alone, or 2 s0 4^i (i < 8) capped by max_tube, s0 the sup at rho = 0."""
     if tube is not None:
         return [tube]
-    mu0, _ = _mu_bar(field, lam_hat, std_floor, drift, 0.0, C, offset)
+    mu0, _ = _mu_bar(field, lam_hat, std_floor, drift, 0.0, C, offset, bend)
     if not math.isfinite(mu0):
         return None
     _, sup0 = _propagate(flint, r, dsub, tau, mu0)
@@ -131,20 +136,20 @@ def _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_
     return trials if max_tube is None else sorted({min(x, max_tube) for x in trials})
 
 
-def _bootstrap(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset=0.0):
+def _bootstrap(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset=0.0, bend=INF):
     """Assume the tube rho, bound r on the interval, accept iff r <= rho everywhere on it. A failure records the
     last tube tried (rho, mu) and `first`: the first sub-interval end (0 = the start) where the bound left the
     smallest tube tried; `why` says how the smallest and the largest tube failed (often differently: the error bound
     above the smallest, the largest leaving the region of positive token variance)."""
     if not math.isfinite(upper(r)):
         return dict(ok=False, why="error bound is not finite", first=0)
-    trials = _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset)
+    trials = _ladder(flint, field, r, dsub, tau, lam_hat, std_floor, drift, C, tube, max_tube, offset, bend)
     if trials is None:
         return dict(ok=False, first=0, why=f"token variance floor lost: std floor {std_floor:.3g} - drift "
                                            f"{drift:.3g}/sqrt(C) <= 0, no curvature bound")
     last = smallest = None
     for rho in trials:
-        mu, v = _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset)
+        mu, v = _mu_bar(field, lam_hat, std_floor, drift, rho, C, offset, bend)
         if not math.isfinite(mu):
             last = dict(ok=False, rho=rho, mu=mu, first=0, why=f"tube radius {rho:.3g} leaves the region of token "
                         f"variance > 0 (std floor {std_floor:.3g}): no curvature bound")
