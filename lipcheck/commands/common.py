@@ -56,7 +56,8 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, what: str) -> None:
                    help="with --checkpoint: images from this data set (default: the one the model was trained on)")
     p.add_argument("--data-dir", help="with --checkpoint: directory holding cifar-100-python/ (CIFAR-100 models)")
     p.add_argument("--images", type=positive_int, default=None,
-                   help="how many test images (default: 2 with --quick, 4 otherwise)")
+                   help="how many test images (default: 2 with --quick, 4 otherwise); without --checkpoint, with "
+                        "--enclosure-only: how many random images of the preset, each enclosed on its own (default 1)")
 
 
 def not_with_checkpoint(args, parser: argparse.ArgumentParser, defaults: dict) -> None:

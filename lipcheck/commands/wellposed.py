@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from lipcheck import report, wellposed
 from lipcheck.models.vit import PRESETS
@@ -114,28 +115,38 @@ PRESET_ENCLOSURE = {"s": dict(enc_ref_tol=1e-8, enc_ref_defect_abs=2e-5)}
 
 
 def run_enclosure_only(args) -> tuple[str, dict, list]:
-    """One image, the enclosure alone (the full-size presets: sweeps there would take hours on a CPU)."""
+    """--images random images of the preset (default 1), each enclosed on its own (a batch costs more per image on a
+    CPU), the enclosure alone (the full-size presets: sweeps there would take hours on a CPU)."""
     device = torch.device(args.device)
     ssog, _ = build_models(args.preset, args.gain, args.seed, device)
-    gen = torch.Generator().manual_seed(args.seed)
-    images = torch.randn(1, 3, ssog.img_size, ssog.img_size, dtype=D, generator=gen).to(device)
+    gen = torch.Generator().manual_seed(args.seed)  # image i is the same whatever --images says
     cfg = {**ENCLOSURE_ONLY, **PRESET_ENCLOSURE.get(args.preset, {})}
+    rows = []
+    n = args.images or 1
+    for i in tqdm(range(n), desc="images", disable=args.no_progress or n == 1):
+        image = torch.randn(1, 3, ssog.img_size, ssog.img_size, dtype=D, generator=gen).to(device)
+        rows.append({"image": i, **enclose_image(ssog, image, cfg, args, device)})
+    block, x0, t1 = wellposed.prepare(ssog, image, device=device)
+    H, W, C = x0.shape[1:]
+    data = {"settings": {"preset": args.preset, "grid": f"{H}x{W} tokens, C = {C}, n = {H * W * C}",
+                         "threads": args.threads, "seed": args.seed, "images": n, **cfg}, "enclosure": rows}
+    md = wellposed_enclosure.enclosure_only_markdown(data, t1=t1, shape=(H, W, C))
+    return md, data, wellposed_enclosure.enclosure_only_figures(data)
+
+
+def enclose_image(ssog, image, cfg, args, device) -> dict:
+    """One image's enclosure at the --enclosure-only settings, with its actual error from an independent solve."""
     start = time.perf_counter()
-    enc = wellposed.enclose(ssog, images, tol=cfg["enc_tol"], mu_slack=cfg["enc_slack"],
+    enc = wellposed.enclose(ssog, image, tol=cfg["enc_tol"], mu_slack=cfg["enc_slack"],
                             defect_ratio=cfg["enc_defect_ratio"], max_per_step=cfg["enc_max_per_step"],
                             ref_tol=cfg["enc_ref_tol"], ref_max_per_step=cfg["enc_ref_max_per_step"],
                             ref_defect_abs=cfg["enc_ref_defect_abs"],
                             max_seconds=args.max_seconds, **work_budget(args), device=device, dtype=D,
                             progress=not args.no_progress)
     seconds = time.perf_counter() - start
-    block, x0, t1 = wellposed.prepare(ssog, images, device=device)
-    e = {"gain": args.gain, **enc.summary(), "state_norm_t1": wellposed.sample_norm(enc.center[-1]).tolist(),
-         "wall_seconds": seconds, **actual_error(block, x0, t1, enc)}
-    H, W, C = x0.shape[1:]
-    data = {"settings": {"preset": args.preset, "grid": f"{H}x{W} tokens, C = {C}, n = {H * W * C}",
-                         "threads": args.threads, "seed": args.seed, **cfg}, "enclosure": [e]}
-    md = wellposed_enclosure.enclosure_only_markdown(data, t1=t1, shape=(H, W, C))
-    return md, data, wellposed_enclosure.enclosure_only_figures(data)
+    block, x0, t1 = wellposed.prepare(ssog, image, device=device)
+    return {"gain": args.gain, **enc.summary(), "state_norm_t1": wellposed.sample_norm(enc.center[-1]).tolist(),
+            "wall_seconds": seconds, **actual_error(block, x0, t1, enc)}
 
 
 def add_arguments(p) -> None:
@@ -204,6 +215,9 @@ def run(args, p) -> int:
                                           "drop --images (or --all-test-images)"))
         from .trained import run_checkpoint
         return run_checkpoint("wellposed", args, p)
+    if args.images is not None and not args.enclosure_only:
+        raise SystemExit(fail(p.prog, "--images N without --checkpoint counts the random images of --enclosure-only: "
+                                      "add --enclosure-only, or drop --images"))
     for flag, given in (("--all-test-images", args.all_test_images), ("--batch", args.batch is not None)):
         if given:
             raise SystemExit(fail(p.prog, f"{flag} chooses the images of a trained model: give --checkpoint RUN, "
