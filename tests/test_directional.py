@@ -13,7 +13,7 @@ from scipy.integrate import solve_ivp
 import lipcheck.wellposed as wp
 from lipcheck.wellposed import defect as dm
 from lipcheck.wellposed import directional as dr
-from lipcheck.wellposed.quartic import _poly, piecewise_quartic
+from lipcheck.wellposed.quartic import _poly, _token_sup, piecewise_quartic
 from lipcheck.wellposed.recurrence import _mu_bar
 
 D = torch.float64
@@ -199,3 +199,75 @@ def test_carried_lognorm_bounds_the_log_norm_at_the_next_steps_start(size):
             continue
         M2 = field.curvature(floor ** 2)
         assert float(got[i]) <= float(lam_b[i]) + M2 * dist * (1 + 1e-12) + 1e-12
+
+
+def _gam(n):
+    u = 2.0 ** -53
+    return n * u / (1 - n * u)
+
+
+def test_piece_bounds_are_lemma_7_to_the_last_term():
+    """curv, rate, bend and jy_bound recomputed here from the statements of proofs/S5.md Lemma 7 (every term, every
+    rounding factor) on one step of the test field, at m = 64 (4 sub-intervals a piece) and m = 16 (one)."""
+    blk, field, steps, coefs, info = _case()
+    k = field.k
+    c, inf = coefs[1], info[1]
+    C, hidden = 8, blk.mlp.fc1.weight.shape[0]
+    for m in (64, 16):
+        r = 4 if m == 64 else 1
+        Q = m // r
+        h, tau = inf["h"], inf["h"] / m
+        smp = dm.sample_step(field, c, inf, m)
+        floor_tok = torch.minimum(smp["std"][:-1], smp["std"][1:]) - 0.01
+        got = dr.piece_bounds(field, c, inf, torch.linspace(0, 1, m + 1, dtype=D), floor_tok)
+        assert got["stride"] == r
+        # a_i at the piece ends: W1 applied to LayerNorm's derivative (autograd through the written-out LayerNorm)
+        nodes = torch.linspace(0, 1, m + 1, dtype=D)[::r]
+        y, d1 = _poly(c, nodes, h, 0), _poly(c, nodes, h, 1)
+        w = torch.func.jvp(lambda z: layer_norm(z, blk.norm2), (y,), (d1,))[1]
+        a = w @ blk.mlp.fc1.weight.T
+        end = lambda x: torch.maximum(x[:-1], x[1:]).flatten(2)  # noqa: E731
+        a_inf, a_4, wn = end(a.abs().amax(-1)), end(a.abs().pow(4).sum(-1).pow(0.25)), end(w.norm(dim=-1))
+        wn = wn * (1 + _gam(C + 2))
+        v = floor_tok.reshape(Q, r, 1, -1).amin(1).clamp_min(0) ** 2 * (1 - _gam(4))
+        sd = (v + blk.norm2.eps).sqrt()
+        g2 = float(blk.norm2.weight.abs().max())
+        l2, c2 = g2 / sd, 1.1547005383793 * g2 / (math.sqrt(C) * (v + blk.norm2.eps))
+        c1 = 1.1547005383793 * float(blk.norm1.weight.abs().max()) / (math.sqrt(C) * (v + blk.norm1.eps))
+        speed = inf["speed_tok"]
+        accel = torch.stack([_poly(c, torch.linspace(0, 1, 2001, dtype=D), h, 2)]).norm(dim=-1).flatten(2).amax(1)
+        assert bool((_token_sup(c, h, 2) >= accel).all())
+        accel = _token_sup(c, h, 2)
+        eta = r * tau / 2 * (1 + _gam(3))
+        dw = (c2 * (speed * eta + inf["err_y"][:, None]) + 8 * _gam(2 * C + 32) * l2) * (speed + inf["err_d1"][:, None]) \
+            + l2 * (accel * eta + inf["err_d1"][:, None])
+        R, W1 = min(k.W1, k.W1_row), k.W1
+        A_inf = torch.minimum((a_inf + R * dw + _gam(C) * R * wn) * (1 + _gam(16)), R * l2 * speed)
+        A_4 = (a_4 * (1 + _gam(hidden + 8)) + math.sqrt(R * W1) * (1 + _gam(2)) * dw
+               + _gam(C) * math.sqrt(hidden) * R * wn) * (1 + _gam(16))
+        q = torch.minimum(A_4 ** 2, R * W1 * l2 ** 2 * speed ** 2)
+        s2 = math.sqrt(2 / math.pi) * k.W2
+        mlp = k.mlp_lipschitz * c2 * speed ** 2 + s2 * q
+        N = speed.shape[-1]
+        curv = (k.T_norm * (c1 ** 2 * speed ** 4).sum(-1).sqrt() + (mlp ** 2).sum(-1).sqrt()) * (1 + _gam(N + 4 * C + 96))
+        rate = (k.T_norm * (c1 * speed).amax(-1)
+                + (k.mlp_lipschitz * c2 * speed + s2 * W1 * l2 * A_inf).amax(-1)) * (1 + _gam(16))
+        assert torch.allclose(got["curv"], curv.repeat_interleave(r, 0), rtol=1e-12, atol=0)
+        assert torch.allclose(got["rate"], rate, rtol=1e-12, atol=0)
+        smp2 = dict(got, tau=tau)
+        for j0, j1 in ((0, m), (r, 3 * r), (m - r, m)):
+            want = (j1 - j0) * tau / 2 * float(rate[j0 // r:j1 // r].max()) * (1 + _gam(3))
+            assert dr.bend(smp2, j0, j1, 0) == pytest.approx(want, rel=1e-14) and dr.bend(smp2, j0, j1, 0) >= want
+    # ||J_F y''|| at JY_PIECES + 1 nodes plus how far J and y'' move, with Lemma 4's eps_J at the node states
+    v, L, M2 = smp["v_y"], smp["L"], smp["M2"]
+    got = dr.jy_bound(field, c, dict(inf), v, L, M2)
+    s = torch.linspace(0, 1, dr.JY_PIECES + 1, dtype=D)
+    y, d2 = _poly(c, s, h, 0), _poly(c, s, h, 2)
+    jy = torch.stack([torch.func.jvp(block_field(blk), (y[j],), (d2[j],))[1] for j in range(len(s))])
+    eps_J = field.rounding(y.reshape(-1, *y.shape[2:]), v)[1]
+    n = c[0].numel()
+    at = jy.flatten(2).norm(dim=-1).amax(0) * (1 + _gam(n)) + eps_J * d2.flatten(2).norm(dim=-1).amax(0)
+    eta = h / (2 * dr.JY_PIECES) * (1 + _gam(2))
+    e_d2 = _gam(10) * sum(j * (j - 1) * inf["cn"][j] for j in range(2, 5)) / h ** 2
+    move = M2 * (inf["speed"] * eta + inf["err_y"]) * inf["d2"] + L * (inf["d3"] * eta + e_d2)
+    assert torch.allclose(got, (at + move) * (1 + _gam(8)), rtol=1e-9, atol=0)
