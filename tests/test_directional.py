@@ -239,8 +239,8 @@ def test_piece_bounds_are_lemma_7_to_the_last_term():
         assert bool((_token_sup(c, h, 2) >= accel).all())
         accel = _token_sup(c, h, 2)
         eta = r * tau / 2 * (1 + _gam(3))
-        dw = (c2 * (speed * eta + inf["err_y"][:, None]) + 8 * _gam(2 * C + 32) * l2) * (speed + inf["err_d1"][:, None]) \
-            + l2 * (accel * eta + inf["err_d1"][:, None])
+        e_y, e_d1 = inf["err_y"][:, None], inf["err_d1"][:, None]
+        dw = (c2 * (speed * eta + e_y) + 8 * _gam(2 * C + 32) * l2) * (speed + e_d1) + l2 * (accel * eta + e_d1)
         R, W1 = min(k.W1, k.W1_row), k.W1
         A_inf = torch.minimum((a_inf + R * dw + _gam(C) * R * wn) * (1 + _gam(16)), R * l2 * speed)
         A_4 = (a_4 * (1 + _gam(hidden + 8)) + math.sqrt(R * W1) * (1 + _gam(2)) * dw
@@ -249,7 +249,8 @@ def test_piece_bounds_are_lemma_7_to_the_last_term():
         s2 = math.sqrt(2 / math.pi) * k.W2
         mlp = k.mlp_lipschitz * c2 * speed ** 2 + s2 * q
         N = speed.shape[-1]
-        curv = (k.T_norm * (c1 ** 2 * speed ** 4).sum(-1).sqrt() + (mlp ** 2).sum(-1).sqrt()) * (1 + _gam(N + 4 * C + 96))
+        curv = (k.T_norm * (c1 ** 2 * speed ** 4).sum(-1).sqrt() + (mlp ** 2).sum(-1).sqrt()) \
+            * (1 + _gam(N + 4 * C + 96))
         rate = (k.T_norm * (c1 * speed).amax(-1)
                 + (k.mlp_lipschitz * c2 * speed + s2 * W1 * l2 * A_inf).amax(-1)) * (1 + _gam(16))
         assert torch.allclose(got["curv"], curv.repeat_interleave(r, 0), rtol=1e-12, atol=0)
@@ -271,3 +272,73 @@ def test_piece_bounds_are_lemma_7_to_the_last_term():
     e_d2 = _gam(10) * sum(j * (j - 1) * inf["cn"][j] for j in range(2, 5)) / h ** 2
     move = M2 * (inf["speed"] * eta + inf["err_y"]) * inf["d2"] + L * (inf["d3"] * eta + e_d2)
     assert torch.allclose(got, (at + move) * (1 + _gam(8)), rtol=1e-9, atol=0)
+
+
+def test_bend_takes_every_piece_the_interval_touches():
+    """Hand-made rates: the interval's pieces are those from j0 // r to (j1 - 1) // r, the largest rate counts."""
+    smp = dict(rate=torch.tensor([[1.0], [2.0], [5.0]], dtype=D), stride=2, tau=0.125)
+    up = lambda x: math.nextafter(x * (1 + _gam(3)), math.inf)  # noqa: E731
+    assert dr.bend(smp, 0, 6, 0) == up(6 * 0.125 / 2 * 5.0)  # all three pieces
+    assert dr.bend(smp, 1, 5, 0) == up(4 * 0.125 / 2 * 5.0)  # sub-interval 4 lies in the last piece
+    assert dr.bend(smp, 0, 4, 0) == up(4 * 0.125 / 2 * 2.0)  # the first two pieces only
+    assert dr.bend(smp, 3, 4, 0) == up(1 * 0.125 / 2 * 2.0)  # inside the second piece
+
+
+def test_sample_step_assembles_m_delta_from_the_smaller_bounds():
+    """sample_step's remainder is tau^2 / 8 (sup ||y'''|| + min(Lemma 2's curvature terms, Lemma 7's per piece) +
+    min(L sup ||y''||, jy_bound)), the pieces from piece_bounds at the step's own token floors."""
+    blk, field, steps, coefs, info = _case()
+    c, inf = coefs[1], info[1]
+    m = 64
+    smp = dm.sample_step(field, c, inf, m)
+    tau = inf["h"] / m
+    floor_tok = torch.minimum(smp["std"][:-1], smp["std"][1:])
+    u = 2.0 ** -53
+    reach = (inf["speed_tok"] * (tau / 2) + inf["err_y"][:, None]) / math.sqrt(8) * (1 + _gam(5))
+    floor_tok = floor_tok - reach
+    lemma2 = torch.minimum(smp["M2"] * torch.minimum(inf["sq4"], inf["d1"] ** 2),
+                           dm.token_curvature(field, floor_tok, inf["speed_tok"], 8))
+    pieces = dr.piece_bounds(field, c, inf, torch.linspace(0, 1, m + 1, dtype=D), floor_tok)
+    jy = dr.jy_bound(field, c, dict(inf), smp["v_y"], smp["L"], smp["M2"])
+    want = tau ** 2 / 8 * (inf["d3"] + torch.minimum(lemma2, pieces["curv"])
+                           + torch.minimum(smp["L"] * inf["d2"], jy))
+    assert torch.allclose(smp["remainder"], want, rtol=1e-13, atol=0) and u > 0
+    assert bool((pieces["curv"] < lemma2).all()) and bool((jy < smp["L"] * inf["d2"]).all())
+
+
+def test_jy_bound_adds_lemma_4s_rounding_at_the_nodes():
+    """With the field's own forward-mode products the node term is exact: jy_bound - (its formula without eps_J)
+    equals eps_J ||fl(y'')|| (1 + gamma_8)."""
+    blk, field, steps, coefs, info = _case()
+    c, inf = coefs[0], info[0]
+    smp = dm.sample_step(field, c, inf, 16)
+    v, L, M2, h = smp["v_y"], smp["L"], smp["M2"], inf["h"]
+    got = dr.jy_bound(field, c, dict(inf), v, L, M2)
+    s = torch.linspace(0, 1, dr.JY_PIECES + 1, dtype=D)
+    y, d2 = _poly(c, s, h, 0), _poly(c, s, h, 2)
+    jy = torch.stack([torch.func.jvp(field, (y[j],), (d2[j],))[1] for j in range(len(s))])
+    eta = h / (2 * dr.JY_PIECES) * (1 + _gam(2))
+    e_d2 = _gam(10) * sum(j * (j - 1) * inf["cn"][j] for j in range(2, 5)) / h ** 2
+    move = M2 * (inf["speed"] * eta + inf["err_y"]) * inf["d2"] + L * (inf["d3"] * eta + e_d2)
+    bare = (jy.flatten(2).norm(dim=-1).amax(0) * (1 + _gam(c[0].numel())) + move) * (1 + _gam(8))
+    eps_J = field.rounding(y.reshape(-1, *y.shape[2:]), v)[1]
+    extra = eps_J * d2.flatten(2).norm(dim=-1).amax(0) * (1 + _gam(8))
+    assert float(extra[0]) > 0
+    assert torch.allclose(got - bare, extra, rtol=1e-3, atol=0)
+
+
+def test_carried_lognorm_counts_the_offset_of_the_other_evaluation():
+    from lipcheck.wellposed.defect import token_std_lower
+    from lipcheck.wellposed.direct import carried_lognorm
+    blk = random_block(8, heads=2, seed=3)
+    field = wp.SSoGField(blk, 3, 3, lognorm="dense")
+    g = torch.Generator().manual_seed(4)
+    b = torch.randn(1, 3, 3, 8, dtype=D, generator=g)
+    a = b + 1e-3 * torch.randn(1, 3, 3, 8, dtype=D, generator=g)
+    lam = torch.tensor([0.5], dtype=D)
+    std = token_std_lower(b[None])[0]
+    dist = float((a - b).norm(dim=-1).max()) * (1 + _gam(10))
+    with_offset = carried_lognorm(field, lam, std, b, a, torch.tensor([0.05], dtype=D))
+    without = carried_lognorm(field, lam, std, b, a, torch.zeros(1, dtype=D))
+    assert float(with_offset[0]) == _mu_bar(field, 0.5, float(std.min()), 0.0, dist, 8, 0.05)[0]
+    assert float(with_offset[0]) > float(without[0]) + 0.04 * field.curvature(float(std.min()) ** 2)
