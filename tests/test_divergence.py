@@ -117,13 +117,18 @@ def test_enclosure_only_reports_the_actual_error_of_a_solve_made_here(tmp_path, 
     from lipcheck import wellposed
     from lipcheck.commands import wellposed as mod
     from lipcheck.commands.wellposed_phases import actual_error
-    seen = []  # the run's own enclosure and model, kept for the check below
+    seen, prepared = [], []  # the run's own enclosure, model and image, kept for the check below
 
-    def keep(model, images, **kw):
-        seen.append((model, images, enclose(model, images, **kw)))
-        return seen[-1][2]
-    enclose = wellposed.enclose
-    monkeypatch.setattr(wellposed, "enclose", keep)
+    def keep(field, x0, t1, **kw):
+        seen.append(enclose_field(field, x0, t1, **kw))
+        return seen[-1]
+
+    def prep(model, images, **kw):
+        prepared.append((model, images))
+        return prepare(model, images, **kw)
+    enclose_field, prepare = wellposed.enclose_field, wellposed.prepare
+    monkeypatch.setattr(wellposed, "enclose_field", keep)
+    monkeypatch.setattr(wellposed, "prepare", prep)
     rc = mod.main(["--enclosure-only", "--preset", "tiny", "--docs", str(tmp_path), "--no-progress",
                    "--threads", "1"])
     assert rc == 0
@@ -137,9 +142,9 @@ def test_enclosure_only_reports_the_actual_error_of_a_solve_made_here(tmp_path, 
     assert (tmp_path / "figures" / "divergence_tiny_enclosure.png").exists()
     assert "radius / actual" in md and "every actual error lies inside its radius: **yes**" in md
     assert "radius / actual error at t1" in md.splitlines()[1]
-    assert "reference at tol * 1e-3 = 1e-09 with defect target 3e-06" in md  # the settings the run used
+    assert "reference at tol * 1e-3 = 1e-09 with defect target 5e-06" in md  # the settings the run used
 
-    (model, images, enc), = seen
+    (enc,), (model, images) = seen, prepared[-1]
     m = model.double()
     with torch.no_grad():
         x0 = m.embed(images.double())
@@ -150,7 +155,7 @@ def test_enclosure_only_reports_the_actual_error_of_a_solve_made_here(tmp_path, 
     err = float((fine[0] - enc.center[-1, 0]).norm())
     assert float(enc.radius_t1[0]) == e["radius_t1"][0] and err <= e["radius_t1"][0] <= float(enc.radius[-1, 0])
     assert e["actual_t1"][0] == pytest.approx(err, rel=1e-6)
-    block, xb, t1 = wellposed.prepare(model, images)
+    block, xb, t1 = prepare(model, images)
     got = actual_error(block, xb, t1, enc, times=3)
     assert len(got["actual_t"]) == 3 and got["actual_t1"][0] == pytest.approx(err, rel=1e-6)
 
@@ -206,9 +211,17 @@ def test_the_figure_title_says_how_far_a_stopped_proof_reached():
     assert figure_title_result(big) == "radius at t1 1.5 (no actual error at this size)"
 
 
+def _no_model(monkeypatch, wellposed, mod, record):
+    """--enclosure-only without a model: a stand-in preset, prepare and field, and `record` in enclose_field's place."""
+    monkeypatch.setattr(mod, "build_models", lambda *a: (type("M", (), {"img_size": 8})(), None))
+    monkeypatch.setattr(wellposed, "prepare", lambda *a, **k: (None, torch.zeros(1, 2, 2, 4), 1.0))
+    monkeypatch.setattr(wellposed, "make_field", lambda *a, **k: type("F", (), {"reset": lambda self: None})())
+    monkeypatch.setattr(wellposed, "enclose_field", record)
+
+
 def test_preset_s_encloses_with_its_own_reference_settings(monkeypatch):
     """--enclosure-only --preset s passes its reference tolerance and defect target (PRESET_ENCLOSURE) to enclose;
-    the other presets keep the shared ones (ref_tol 'auto', defect target 3e-6)."""
+    the other presets keep the shared ones (ref_tol 'auto', defect target 5e-6)."""
     from lipcheck import wellposed
     from lipcheck.commands import wellposed as mod
     from lipcheck.commands.common import parse
@@ -217,12 +230,11 @@ def test_preset_s_encloses_with_its_own_reference_settings(monkeypatch):
     class Stop(Exception):
         pass
 
-    def record(model, images, **kw):
+    def record(field, x0, t1, **kw):
         seen.append(kw)
         raise Stop
-    monkeypatch.setattr(wellposed, "enclose", record)
-    monkeypatch.setattr(mod, "build_models", lambda *a: (type("M", (), {"img_size": 8})(), None))
-    for preset, want in (("s", (1e-8, 2e-5)), ("ti", ("auto", 3e-6))):
+    _no_model(monkeypatch, wellposed, mod, record)
+    for preset, want in (("s", (1e-8, 2e-5)), ("ti", ("auto", 5e-6))):
         args, _ = parse(mod, ["--enclosure-only", "--preset", preset, "--no-progress", "--device", "cpu"])
         with pytest.raises(Stop):
             mod.run_enclosure_only(args)
@@ -244,8 +256,7 @@ def test_max_work_reaches_enclose_and_bad_values_are_refused(monkeypatch, capsys
     def record(*a, **kw):
         seen.append(kw)
         raise Stop
-    monkeypatch.setattr(wellposed, "enclose", record)
-    monkeypatch.setattr(mod, "build_models", lambda *a: (type("M", (), {"img_size": 8})(), None))
+    _no_model(monkeypatch, wellposed, mod, record)
     for flag, want in (("5e5", 5e5), ("inf", None)):
         args, _ = parse(mod, ["--enclosure-only", "--preset", "ti", "--no-progress", "--max-work", flag])
         with pytest.raises(Stop):
