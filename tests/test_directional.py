@@ -161,7 +161,7 @@ def test_jy_bound_covers_the_jacobian_times_y_second_derivative():
     for k in (0, len(steps) - 1):
         c, inf = coefs[k], info[k]
         smp = dm.sample_step(field, c, inf, 16)
-        got = dr.jy_bound(field, c, inf, smp["v_y"], smp["L"], smp["M2"])
+        got = dr.jy_bound(field, c, inf, smp["v_y"])
         assert float(got[0]) < smp["L"] * float(inf["d2"][0])
         for sig in np.linspace(0, 1, 41):
             t = torch.tensor([sig], dtype=D)
@@ -229,7 +229,8 @@ def test_piece_bounds_are_lemma_7_to_the_last_term():
         end = lambda x: torch.maximum(x[:-1], x[1:]).flatten(2)  # noqa: E731
         a_inf, a_4, wn = end(a.abs().amax(-1)), end(a.abs().pow(4).sum(-1).pow(0.25)), end(w.norm(dim=-1))
         wn = wn * (1 + _gam(C + 2))
-        v = floor_tok.reshape(Q, r, 1, -1).amin(1).clamp_min(0) ** 2 * (1 - _gam(4))
+        off = inf["err_y"][None, :, None] / math.sqrt(C) * (1 + _gam(2))  # fl(y) within e_y of y
+        v = (floor_tok - off).reshape(Q, r, 1, -1).amin(1).clamp_min(0) ** 2 * (1 - _gam(4))
         sd = (v + blk.norm2.eps).sqrt()
         g2 = float(blk.norm2.weight.abs().max())
         l2, c2 = g2 / sd, 1.1547005383793 * g2 / (math.sqrt(C) * (v + blk.norm2.eps))
@@ -260,8 +261,11 @@ def test_piece_bounds_are_lemma_7_to_the_last_term():
             want = (j1 - j0) * tau / 2 * float(rate[j0 // r:j1 // r].max()) * (1 + _gam(3))
             assert dr.bend(smp2, j0, j1, 0) == pytest.approx(want, rel=1e-14) and dr.bend(smp2, j0, j1, 0) >= want
     # ||J_F y''|| at JY_PIECES + 1 nodes plus how far J and y'' move, with Lemma 4's eps_J at the node states
-    v, L, M2 = smp["v_y"], smp["L"], smp["M2"]
-    got = dr.jy_bound(field, c, dict(inf), v, L, M2)
+    got = dr.jy_bound(field, c, dict(inf), smp["v_y"])
+    lowered = math.sqrt(smp["v_y"]) * (1 - _gam(1)) - float(inf["err_y"].max()) / math.sqrt(C) * (1 + _gam(2))
+    v = max(lowered, 0.0) ** 2 * (1 - _gam(2))
+    L, M2 = field.lipschitz(v), field.curvature(v)
+    assert 0 < v < smp["v_y"] and L > smp["L"]
     s = torch.linspace(0, 1, dr.JY_PIECES + 1, dtype=D)
     y, d2 = _poly(c, s, h, 0), _poly(c, s, h, 2)
     jy = torch.stack([torch.func.jvp(block_field(blk), (y[j],), (d2[j],))[1] for j in range(len(s))])
@@ -299,7 +303,7 @@ def test_sample_step_assembles_m_delta_from_the_smaller_bounds():
     lemma2 = torch.minimum(smp["M2"] * torch.minimum(inf["sq4"], inf["d1"] ** 2),
                            dm.token_curvature(field, floor_tok, inf["speed_tok"], 8))
     pieces = dr.piece_bounds(field, c, inf, torch.linspace(0, 1, m + 1, dtype=D), floor_tok)
-    jy = dr.jy_bound(field, c, dict(inf), smp["v_y"], smp["L"], smp["M2"])
+    jy = dr.jy_bound(field, c, dict(inf), smp["v_y"])
     want = tau ** 2 / 8 * (inf["d3"] + torch.minimum(lemma2, pieces["curv"])
                            + torch.minimum(smp["L"] * inf["d2"], jy))
     assert torch.allclose(smp["remainder"], want, rtol=1e-13, atol=0) and u > 0
@@ -312,8 +316,10 @@ def test_jy_bound_adds_lemma_4s_rounding_at_the_nodes():
     blk, field, steps, coefs, info = _case()
     c, inf = coefs[0], info[0]
     smp = dm.sample_step(field, c, inf, 16)
-    v, L, M2, h = smp["v_y"], smp["L"], smp["M2"], inf["h"]
-    got = dr.jy_bound(field, c, dict(inf), v, L, M2)
+    h = inf["h"]
+    got = dr.jy_bound(field, c, dict(inf), smp["v_y"])
+    v = dr.node_variance(smp["v_y"], inf, 8)
+    L, M2 = field.lipschitz(v), field.curvature(v)
     s = torch.linspace(0, 1, dr.JY_PIECES + 1, dtype=D)
     y, d2 = _poly(c, s, h, 0), _poly(c, s, h, 2)
     jy = torch.stack([torch.func.jvp(field, (y[j],), (d2[j],))[1] for j in range(len(s))])

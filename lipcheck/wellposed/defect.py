@@ -112,7 +112,7 @@ def sample_step(field, c: torch.Tensor, inf: dict, m: int) -> dict:
         curv = torch.minimum(curv, along.pop("curv"))
     Jd2 = L * inf["d2"]  # ||J_F(y) y''|| on the step: Lemma 2, or Lemma 7 along y where smaller
     if along:
-        Jd2 = torch.minimum(Jd2, directional.jy_bound(field, c, inf, v_y, L, M2))
+        Jd2 = torch.minimum(Jd2, directional.jy_bound(field, c, inf, v_y))
     Mdd = inf["d3"] + curv + Jd2
     # delta - (its linear interpolant) = -int G delta'', G >= 0, int G = s (tau - s) / 2 <= tau^2 / 8
     rem = tau ** 2 / 8 * Mdd

@@ -72,7 +72,10 @@ def piece_bounds(field, c: torch.Tensor, inf: dict, s: torch.Tensor, floor_tok: 
     a_inf, a_4, w_n = (torch.cat(x) for x in zip(*parts))  # (Q + 1, B, N)
     ends = lambda x: torch.maximum(x[:-1], x[1:])  # noqa: E731  the larger of a piece's two end nodes
     a_inf, a_4, w_n = ends(a_inf), ends(a_4), ends(w_n)
-    v = floor_tok.reshape(Q, r, B, -1).amin(1).clamp_min(0) ** 2 * (1 - ln.gamma(4, u))  # (Q, B, N)
+    # token floors on the piece, less e_y / sqrt(C): the evaluated states fl(y(s_j)) and the segments to y(s_j)
+    # lie within e_y of y (std is 1/sqrt(C)-Lipschitz)
+    off = inf["err_y"][None, :, None] / math.sqrt(C) * (1 + ln.gamma(2, u))
+    v = (floor_tok - off).reshape(Q, r, B, -1).amin(1).clamp_min(0) ** 2 * (1 - ln.gamma(4, u))  # (Q, B, N)
     l2, c2 = k._ln_tokens(2, v)
     _, c1 = k._ln_tokens(1, v)
     speed, accel = inf["speed_tok"], _token_sup(c, h, 2)  # (B, N) sups over the step
@@ -133,17 +136,28 @@ def _jy_nodes(field, c: torch.Tensor, h: float) -> dict:
     return dict(y=y, d2=norm(d2), jy=norm(jy))
 
 
-def jy_bound(field, c: torch.Tensor, inf: dict, v: float, L: float, M2: float) -> torch.Tensor:
+def node_variance(v: float, inf: dict, C: int) -> float:
+    """The variance floor v of a step lowered for states within e_y of y: (sqrt(v) - e_y / sqrt(C))^2, rounded down
+    (0 where that is not positive)."""
+    u = ln.unit_roundoff(torch.float64)
+    s = math.sqrt(v) * (1 - ln.gamma(1, u)) - float(inf["err_y"].max()) / math.sqrt(C) * (1 + ln.gamma(2, u))
+    return max(s, 0.0) ** 2 * (1 - ln.gamma(2, u))
+
+
+def jy_bound(field, c: torch.Tensor, inf: dict, v: float) -> torch.Tensor:
     """(B,) >= sup over the step of ||J_F(y(s)) y''(s)|| (Lemma 7), in place of L sup ||y''||: the largest node
     value ||fl(J fl(y''))|| (its norm rounded up, plus Lemma 4's eps_J ||fl(y'')|| at the node states), plus, within
     eta = h / (2 JY_PIECES) of the nearer node, M2 (sup ||y_i'|| eta + e_y) sup ||y''|| (J moves, Lemma 2) and
     L (sup ||y'''|| eta + e_d2) (y'' moves, and fl(y'') errs by e_d2 = gamma_10 sum_k k (k - 1) ||c_k|| / h^2).
-    The memo of the node values lives in inf (they do not depend on v)."""
+    L, M2 and eps_J at `node_variance(v)`: the node states fl(y_j) and the paths to y lie within e_y of y. The memo
+    of the node values lives in inf (they do not depend on v)."""
     if "_jy" not in inf:
         inf["_jy"] = _jy_nodes(field, c, inf["h"])
     nodes = inf["_jy"]
     u = ln.unit_roundoff(c.dtype)
     B = c.shape[1]
+    v = node_variance(v, inf, c.shape[-1])
+    L, M2 = field.lipschitz(v), field.curvature(v)
     _, eps_J = field.rounding(nodes["y"].reshape(-1, *c.shape[2:]), v)
     h = inf["h"]
     eta = h / (2 * JY_PIECES) * (1 + ln.gamma(2, u))
