@@ -27,6 +27,17 @@ class _Approx:
         return self.fro + self.err
 
 
+@dataclasses.dataclass
+class _Normed(_Approx):
+    """An _Approx with a certified bound on the exact matrix's spectral norm tighter than ||val||_F + err (an
+    orthonormal basis: 1; M Q for ||M|| <= t^2: t^2)."""
+    bound: float = float("inf")
+
+    @property
+    def norm(self) -> float:
+        return min(self.fro + self.err, self.bound)
+
+
 def _up(x: float) -> float:
     """x rounded up generously (the error bounds are sums of a few float terms)."""
     return x * (1 + 1e-12) + 1e-300

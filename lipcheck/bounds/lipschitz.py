@@ -22,6 +22,7 @@ import torch
 from ..rounding import norm2_upper
 from . import spectral as sp
 from .deflation import deflated_bound
+from .ritz_deflation import ritz_bound
 from .gram_dense import DENSE_GRAM_GAP, dense_gram_bound
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
@@ -82,7 +83,8 @@ class SSoGBound:
 
 
 # the order in which equal certified values name the winner: the most direct certificate first
-_WINNER_ORDER = ("exact", "gram", "dense_gram", "deflated", "majorant", "circulant", "resolution_free", "closed_form")
+_WINNER_ORDER = ("exact", "gram", "dense_gram", "ritz", "deflated", "majorant", "circulant", "resolution_free",
+                 "closed_form")
 
 
 def closed_form(run: _Run) -> Stage:
@@ -231,6 +233,44 @@ def dense_gram(run: _Run) -> Stage | None:
                  dict(value=value, pad=db.pad, tries=db.tries, error=db.err, gave_upper=value < run.upper))
 
 
+def ritz(run: _Run) -> Stage | None:
+    """Theorem D4 on Ritz vectors of T^T T with the channel-resolved envelope on the complement (ritz_deflation.py),
+    where the plan allows it (float64, N C <= ritz_max) and the stages before it leave a certified gap above RETRY_GAP
+    to the Lanczos lower bound (certified numbers and sizes decide, no clock): kernels at the sigma floor, twelve heads
+    at C = 768, where no k C the deflated bound affords resolves the scalar envelope's top. Its top Ritz vector's
+    ||T v|| / ||v|| replaces the lower bound where larger. Asked for by name (ritz=True) it always runs and a failure
+    stands."""
+    o, pl = run.o, run.pl
+    if not pl.ritz or run.late("ritz"):
+        return None
+    asked = o.ritz is True
+    _guide(run)
+    if not asked and not _above_gap(run, run.upper):
+        return None
+    q, e = run.q, run.q.log2_scale
+    u = q.u
+    t_up = math.ldexp(run.upper, -e) * (1 + 4 * u)  # >= ||T|| in normalised units (a power of two, then rounding)
+    try:
+        rb = ritz_bound(q, run.H, run.W, run.circ_sn or run.sn, apply_err=run.apply_err, t_up=t_up,
+                        start=run.guide.reshape(-1, 1) if run.guide is not None else None)
+    except ValueError as err:
+        if asked:
+            raise
+        return Stage(None, f"failed, not used: {err}", dict(error=str(err), value=None))
+    lower = _lower_of(run, rb.top.reshape(1, run.H, run.W, q.dim))
+    if lower > (run.guide_lower or 0.0):
+        run.guide, run.guide_lower = rb.top.reshape(1, run.H, run.W, q.dim), lower
+    upper_n = sp._finite(math.sqrt(rb.tau) * (1 + 2 * u) + q.conversion_error * q.magnitude(), "Ritz-deflated bound")
+    value = coarse_up(sp._scale_back(upper_n, e, up=True))
+    info = dict(value=value, K=rb.K, complement=sp._scale_back(math.sqrt(rb.m22), e, up=True),
+                level=sp._scale_back(math.sqrt(rb.level), e, up=True), rows=rb.info["rows"], hot=rb.info["hot"],
+                tries=[dict(K=t["K"], complement=sp._scale_back(math.sqrt(t["m22"]), e, up=True))
+                       for t in rb.info["tries"]],
+                gave_upper=value < run.upper)
+    return Stage(value, f"Ritz-deflated bound: exact on {rb.K} Ritz vectors of T^T T, the channel-resolved circulant "
+                        f"Gram envelope on the complement ({rb.info['rows']} rows), Cholesky-certified", info)
+
+
 def coarse_up(x: float) -> float:
     """x rounded up to 40 significant bits (at most 2^-39 relative, exact arithmetic): an upper bound stays one, and
     the last-bit differences the deflated stage shows between two identical calls in one process (BLAS paths that
@@ -290,7 +330,7 @@ def exact(run: _Run) -> Stage:
 # cannot beat them); names are the keys of SSoGBound.method, seconds and best_method.
 METHODS: dict[str, Callable[[_Run], Stage | None]] = {
     "closed_form": closed_form, "resolution_free": resolution_free, "circulant": circulant, "gram": gram,
-    "deflated": deflated, "dense_gram": dense_gram, "majorant": majorant, "exact": exact}
+    "deflated": deflated, "ritz": ritz, "dense_gram": dense_gram, "majorant": majorant, "exact": exact}
 
 
 # --------------------------------------------------------------------------------------------------

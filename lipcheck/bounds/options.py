@@ -31,6 +31,10 @@ RF_PAIRS = 5e6
 # majorant.MAJORANT_WORK
 DEFAULT_BUDGET_S = 60.0
 
+# the Ritz-deflated bound (ritz_deflation) holds its Krylov blocks and the envelope's rows as N C-long float64
+# vectors: up to this N C (28 x 28 at C = 768, 32 x 32 at C = 384) they stay within a few GiB
+RITZ_MAX = 1 << 20
+
 
 # the default certification (lipschitz.deflated) retries the deflated bound once with twice the token functions where
 # its certified gap to the Lanczos lower bound is above RETRY_GAP, up to k C = RETRY_KC (times budget^(1/3)). Smooth
@@ -71,7 +75,9 @@ class CertifyOptions:
     (`plan`), never read from a clock, so the same call gives the same bound on a busy and on a quiet machine.
     deadline_s: optional wall-clock limit; past it, optional stages are skipped or stopped early at a certified point,
     and the result lists them (SSoGBound.cut_short, budget['cut']).
-    deflated / majorant / dense_gram: None lets the size rule decide; True / False force the stage on or off.
+    deflated / majorant / dense_gram / ritz: None lets the size rule decide; True / False force the stage on or off.
+    ritz_max: the Ritz-deflated bound (Theorem D4 on Ritz vectors of T^T T, the channel-resolved envelope on the
+    complement) where N C <= ritz_max and the stages before it leave a gap above RETRY_GAP.
     dense_gram_max: the dense Gram (T^T T formed, one Cholesky factorisation in place; (N C)^2 float64) where
     N C <= dense_gram_max and the bounds before it leave a gap above gram_dense.DENSE_GRAM_GAP.
     deflation_k: token functions of the deflated bound (None: the size rule's k).
@@ -108,6 +114,8 @@ class CertifyOptions:
     deflation_k: int | None = None
     dense_gram: bool | None = None
     dense_gram_max: int = DENSE_GRAM_MAX
+    ritz: bool | None = None
+    ritz_max: int = RITZ_MAX
 
     def __post_init__(self):
         for name in ("budget_s", "deadline_s"):
@@ -118,7 +126,7 @@ class CertifyOptions:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
         if not (0 < self.failure_probability < 1):
             raise ValueError(f"failure_probability must be in (0, 1), got {self.failure_probability}")
-        for name in ("deflated", "majorant", "dense_gram"):
+        for name in ("deflated", "majorant", "dense_gram", "ritz"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be None (the size rule decides), True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -157,6 +165,7 @@ class Plan:
     rf_max_work: float | None = None
     majorant_rounds: int = 200
     dense_gram: bool = False
+    ritz: bool = False
 
 
 def rf_rounds(C: int, scale: float = 1.0) -> int:
@@ -215,8 +224,11 @@ def plan(H: int, W: int, C: int, heads: int, options: CertifyOptions | None = No
         not exact and o.dtype == torch.float64 and n <= o.dense_gram_max)
     if dense_gram:
         rule += f"; dense Gram where a gap is left (N*C = {n} <= dense_gram_max = {o.dense_gram_max})"
+    ritz = o.ritz if o.ritz is not None else (not exact and o.dtype == torch.float64 and n <= o.ritz_max)
+    if ritz:
+        rule += f"; Ritz-deflated bound where a gap is left (N*C = {n} <= ritz_max = {o.ritz_max})"
     rounds = o.rf_max_rounds if o.rf_max_rounds is not None else rf_rounds(C, scale)
     rf_work = None if o.rf_max_rounds is not None else RF_PAIRS * scale  # rounds asked for: no cap on their work
     return Plan(exact=exact, deflated=deflated, deflation_k=k, complement=complement, majorant=majorant, rule=rule,
                 rf_max_rounds=int(rounds), rf_max_work=rf_work, majorant_rounds=planned_rounds(C, scale),
-                dense_gram=bool(dense_gram))
+                dense_gram=bool(dense_gram), ritz=bool(ritz))
