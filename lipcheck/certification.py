@@ -20,7 +20,7 @@ class LayerCertificate:
     """lower <= Lip(layer) = ||T||_2 <= upper on an H x W grid (both certified; T is the layer without its bias).
 
     name: the layer's name in the model ('(layer)' for a layer passed alone); method: the stage whose bound is
-    `upper` ('exact', 'gram', 'dense_gram', 'deflated', 'majorant', 'circulant', 'resolution_free' or
+    `upper` ('exact', 'gram', 'dense_gram', 'ritz', 'deflated', 'majorant', 'circulant', 'resolution_free' or
     'closed_form'); detail: how that stage certified it; cut_short: a wall-clock deadline stopped some stage (the
     bounds are certified all the same, only less tight); bound: the full lipcheck.bounds.SSoGBound."""
     name: str

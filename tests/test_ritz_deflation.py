@@ -210,3 +210,21 @@ def test_default_call_runs_the_ritz_stage_where_asked():
     assert r.best_method == "ritz" and r.upper == r.info["ritz"]["value"]
     off = ssog_lipschitz(lay, H, W, ritz=False, **kw)
     assert "ritz" not in off.info
+
+
+def test_work_budget_refuses_before_any_ritz_vector(monkeypatch):
+    """A split that exceeds max_work (hot frequencies times C^2) is refused with the count named, before the Ritz
+    vectors are computed where a lower bound is given; within the budget the bound is certified as before."""
+    rng = np.random.default_rng(5)
+    L = layer(rng, 2, 2, 3, "floor", shift=1.0)
+    p = params(*L)
+    apply_err, B = operator_margins(p, 5, 5)
+    called = []
+    real = rd.ritz_vectors
+    monkeypatch.setattr(rd, "ritz_vectors", lambda *a, **k: called.append(1) or real(*a, **k))
+    s1 = np.linalg.norm(dense_T(*L, 5, 5), 2)
+    with pytest.raises(ValueError, match="work budget"):
+        rd.ritz_bound(p, 5, 5, sp.SymbolNorm(p), apply_err=apply_err, t_up=B, max_work=36.0, lower=0.9 * s1)
+    assert not called
+    ok = rd.ritz_bound(p, 5, 5, sp.SymbolNorm(p), apply_err=apply_err, t_up=B, max_work=1e12, lower=0.9 * s1)
+    assert math.sqrt(ok.tau) >= s1 and called

@@ -83,26 +83,44 @@ def certify_split(F: torch.Tensor, S_fro2: torch.Tensor, U: torch.Tensor, beta: 
     return (lam + err) * (1 + 4 * u)
 
 
-def channel_envelope(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, level: float, *,
-                     max_rows: int | None = None) -> ChannelEnvelope:
-    """R_F <= d I + A^T A (module docstring), certified, in normalised(p)'s units: frequencies whose certified
-    ||S(w)||^2 (SymbolNorm bound, with the truncated symbols' coefficient error) is at most the level take no rows;
-    the others are split at it by their eigenpairs, each split Cholesky-checked. The level is `level`, raised where
-    more than max_rows rows would stand above it (a first pass of eigenvalues counts them): a tuning choice."""
-    if not (level > 0 and math.isfinite(level)):
-        raise ValueError(f"the split level must be finite and > 0, got {level}: not certified")
+def symbol_bounds(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm):
+    """(coefficients ck (s, h) at one frequency of each pair {w, -w} of the L1 x L2 torus, their flat torus indices,
+    the mirror table, s_up (s,) >= ||S(w)|| certified (SymbolNorm bound plus the truncated coefficients' error, two
+    additions rounded up), that error, (L1, L2))."""
     u = rounding.unit_roundoff(torch.float64)
     c, _, _ = sp.torus_coefficients(q, H, W)  # (L1, L2, h)
     L1, L2, h = c.shape
-    dev = c.device
-    idx, mirror = torus_pairs(L1, L2, dev)
+    idx, mirror = torus_pairs(L1, L2, c.device)
     keep = idx <= mirror
-    sel_idx = idx[keep]
     ck = c.reshape(-1, h)[keep]
     err_c = float(sn.delta_norm(sp.coefficient_error(q, sp.truncated_symbol_error(q, H, W))))
     s_up = (sp._no_nan(sn.bound(ck), "symbol norms") + err_c) * (1 + 2 * u)
+    return ck, idx[keep], mirror, s_up, err_c, (L1, L2)
+
+
+def check_work(hot: int, C: int, max_work: float | None) -> None:
+    """ValueError where splitting `hot` frequencies at C channels, counted as hot C^2, exceeds max_work."""
+    if max_work is not None and hot * float(C) ** 2 > max_work:
+        raise ValueError(f"{hot} frequencies to split at C = {C} exceed the work budget "
+                         f"({hot * float(C) ** 2:.3g} > {max_work:.3g} units of C^2)")
+
+
+def channel_envelope(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, level: float, *,
+                     max_rows: int | None = None, max_work: float | None = None) -> ChannelEnvelope:
+    """R_F <= d I + A^T A (module docstring), certified, in normalised(p)'s units: frequencies whose certified
+    ||S(w)||^2 (SymbolNorm bound, with the truncated symbols' coefficient error) is at most the level take no rows;
+    the others are split at it by their eigenpairs, each split Cholesky-checked. The level is `level`, raised where
+    more than max_rows rows would stand above it (a first pass of eigenvalues counts them): a tuning choice.
+    max_work: refuse (ValueError) where the hot frequencies' eigendecompositions, counted as (hot frequencies) C^2,
+    exceed it: a count, no clock."""
+    if not (level > 0 and math.isfinite(level)):
+        raise ValueError(f"the split level must be finite and > 0, got {level}: not certified")
+    u = rounding.unit_roundoff(torch.float64)
+    ck, sel_idx, mirror, s_up, err_c, (L1, L2) = symbol_bounds(q, H, W, sn)
+    dev = ck.device
     f_up = s_up * s_up * (1 + 8 * u)
     hot = torch.nonzero(f_up > level).squeeze(1)
+    check_work(hot.numel(), q.dim, max_work)
     if max_rows is not None and hot.numel() * q.dim > max_rows // 2:
         level = _level_for_rows(sn, ck, hot, level, max_rows)
         hot = torch.nonzero(f_up > level).squeeze(1)
@@ -131,9 +149,9 @@ def channel_envelope(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, level:
                 betas.append(beta[i][use])
     if not freq:
         empty = torch.zeros(H * W * q.dim, 0, dtype=torch.float64, device=dev)
-        return ChannelEnvelope(_Approx(empty, 0.0), d, int(hot.numel()), 0, int(keep.sum()))
+        return ChannelEnvelope(_Approx(empty, 0.0), d, int(hot.numel()), 0, int(ck.shape[0]))
     At = envelope_rows(torch.cat(freq), torch.cat(vecs), torch.cat(betas), mirror, L1, L2, H, W)
-    return ChannelEnvelope(At, d, int(hot.numel()), At.val.shape[1], int(keep.sum()))
+    return ChannelEnvelope(At, d, int(hot.numel()), At.val.shape[1], int(ck.shape[0]))
 
 
 def _level_for_rows(sn: sp.SymbolNorm, ck: torch.Tensor, hot: torch.Tensor, level: float, max_rows: int) -> float:

@@ -22,7 +22,7 @@ import torch
 from ..rounding import norm2_upper
 from . import spectral as sp
 from .deflation import deflated_bound
-from .ritz_deflation import ritz_bound
+from .ritz_deflation import WORK as RITZ_WORK, ritz_bound
 from .gram_dense import DENSE_GRAM_GAP, dense_gram_bound
 from .gram_envelope import ENVELOPE_BUDGET
 from .krylov import dense_top_singular_value
@@ -41,7 +41,7 @@ class SSoGBound:
     seed: the seed of the random Lanczos start (replay with ssog_lipschitz(..., seed=seed));
     margins: the rounding margins used, from the dtype's unit roundoff (proofs/S2.md);
     method: a description per stage; best_method: the stage whose certified bound is `upper` (a key of method:
-    'exact', 'gram', 'dense_gram', 'deflated', 'majorant', 'circulant', 'resolution_free' or 'closed_form');
+    'exact', 'gram', 'dense_gram', 'ritz', 'deflated', 'majorant', 'circulant', 'resolution_free' or 'closed_form');
     budget: the plan (Plan's fields), the budget and deadline, and 'cut': stages a deadline skipped or stopped."""
     H: int
     W: int
@@ -252,7 +252,9 @@ def ritz(run: _Run) -> Stage | None:
     t_up = math.ldexp(run.upper, -e) * (1 + 4 * u)  # >= ||T|| in normalised units (a power of two, then rounding)
     try:
         rb = ritz_bound(q, run.H, run.W, run.circ_sn or run.sn, apply_err=run.apply_err, t_up=t_up,
-                        start=run.guide.reshape(-1, 1) if run.guide is not None else None)
+                        start=run.guide.reshape(-1, 1) if run.guide is not None else None,
+                        max_work=RITZ_WORK * o.budget_s / DEFAULT_BUDGET_S if not asked else math.inf,
+                        lower=run.guide_lower)
     except ValueError as err:
         if asked:
             raise

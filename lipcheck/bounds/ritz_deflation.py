@@ -26,7 +26,7 @@ import torch
 from .. import rounding
 from . import spectral as sp
 from .approx import _Approx, _deflect, _mm, _Normed, _sym, _up
-from .channel_envelope import channel_envelope
+from .channel_envelope import channel_envelope, check_work, symbol_bounds
 from .deflation import certify_d4, orthonormality_defect
 
 # the split level of the envelope as a share of the top Ritz value (a tuning choice; any level is sound): m22 lands
@@ -46,6 +46,10 @@ STALL = 0.99
 # float64 N C-long vectors held at once: the Krylov blocks (2 STEPS (K + EXTRA)) and the envelope's rows with their
 # deflected copy (2 m) each within this many bytes
 MEMORY = 4e9
+# the envelope's splits, counted as (hot frequencies) C^2 (small eigendecompositions run far below their C^3 rate):
+# measured on 2 cores, 3.2e7 units took about 120 s at C = 192 (860 frequencies, 32 x 32), 4.8e7 about 90 s at
+# C = 768 (82 frequencies, 8 x 8)
+WORK = 6e7
 
 
 @dataclasses.dataclass
@@ -131,15 +135,21 @@ def gram_blocks(q: sp.SSoGParams, H: int, W: int, Q: torch.Tensor, eta: float, a
 
 
 def ritz_bound(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, *, apply_err: float, t_up: float,
-               K: int | None = None, start: torch.Tensor | None = None) -> RitzBound:
+               K: int | None = None, start: torch.Tensor | None = None, max_work: float = WORK,
+               lower: float | None = None) -> RitzBound:
     """||T||^2 <= tau (normalised units) by Theorem D4 on K Ritz vectors with the complement of Lemma G4 (module
     docstring). K None: K_START, doubled while m22 > M22_SHARE times the top Ritz value, up to K_MAX. apply_err >=
-    ||fl(T v) - T v|| / ||v||, t_up >= ||T||, both certified; sn: a SymbolNorm on q (its anchors are reused)."""
+    ||fl(T v) - T v|| / ||v||, t_up >= ||T||, both certified; sn: a SymbolNorm on q (its anchors are reused);
+    max_work: the envelope's budget (channel_envelope), ValueError beyond; checked before any Ritz vector at the level
+    LEVEL_SHARE lower^2 where a lower bound on ||T|| (normalised units) is given."""
     if q.WV.dtype != torch.float64:
         raise ValueError("the Ritz-deflated bound is certified in float64 only")
     if not (apply_err >= 0 and t_up > 0 and math.isfinite(apply_err) and math.isfinite(t_up)):
         raise ValueError(f"apply_err and t_up must be finite (got {apply_err}, {t_up}): not certified")
     t0 = time.perf_counter()
+    if lower is not None and lower > 0 and math.isfinite(max_work):
+        ck, _, _, s_up, _, _ = symbol_bounds(q, H, W, sn)
+        check_work(int((s_up * s_up > LEVEL_SHARE * lower * lower).sum()), q.dim, max_work)
     n = H * W * q.dim
     k_mem = int(MEMORY / (8 * n * 2 * STEPS)) - EXTRA
     k = min(K_START if K is None else int(K), n - 1, k_mem)
@@ -151,7 +161,8 @@ def ritz_bound(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, *, apply_err
         eta = orthonormality_defect(Q)
         if env is None:
             level = LEVEL_SHARE * float(theta[0])
-            env = channel_envelope(q, H, W, sn, level, max_rows=max(2, int(MEMORY / (8 * n * 2))))
+            env = channel_envelope(q, H, W, sn, level, max_rows=max(2, int(MEMORY / (8 * n * 2))),
+                                   max_work=max_work)
         from .gram_lowrank import _level_plus_norm2
         m22 = _level_plus_norm2(env.level, _deflect(_Normed(Q, eta, bound=1.0), env.At)) if env.rows else _up(env.level)
         tries.append(dict(K=k, m22=m22, theta1=float(theta[0]), seconds=time.perf_counter() - t0))
