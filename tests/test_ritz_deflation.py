@@ -103,6 +103,11 @@ def test_envelope_rows_are_the_split_quadratic_form():
         kappa = 1 if (a, b) == (0, 0) else 2
         assert got == pytest.approx(kappa * 0.7 * abs(xhat @ u.numpy()) ** 2 / (L1 * L2), rel=1e-12)
         assert At.err < 1e-13
+        # the proof's rows bound: et sqrt(2 N kappa beta / (L1 L2) sum_c (|Re u_c| + |Im u_c|)^2) at least
+        u0, e = 2.0 ** -53, 2 * math.pi * 3.01 * 2.0 ** -53 + 2 * 2.0 ** -53
+        et = 2 * (2 * e + e * e) + 4 * u0 * (1 + e) ** 2
+        mass = kappa * 0.7 / (L1 * L2) * float(((u.real.abs() + u.imag.abs()) ** 2).sum())
+        assert At.err >= et * math.sqrt(2 * H * W * mass)
 
 
 @pytest.mark.parametrize("drop", [0.0, 0.3, 1.0])
@@ -228,3 +233,56 @@ def test_work_budget_refuses_before_any_ritz_vector(monkeypatch):
     assert not called
     ok = rd.ritz_bound(p, 5, 5, sp.SymbolNorm(p), apply_err=apply_err, t_up=B, max_work=1e12, lower=0.9 * s1)
     assert math.sqrt(ok.tau) >= s1 and called
+
+
+def test_split_certificate_adds_its_rounding_terms(monkeypatch):
+    """With the Cholesky check replaced by the exact top eigenvalue, certify_split returns that plus the proof's
+    rounding terms gamma_{2C+4} (||S||_F^2 + sum beta ||u||^2) + 3u (...), recomputed here."""
+    from lipcheck import rounding
+    rng = np.random.default_rng(4)
+    C = 5
+    S = torch.tensor(rng.standard_normal((1, C, C)) + 1j * rng.standard_normal((1, C, C)))
+    F, lam, U = ce.split_frequency(S, 0.0)
+    beta = (lam - lam[:, -3:-2]).clamp_min(0)
+    monkeypatch.setattr(rounding, "verified_lambda_max", lambda A, **k: torch.linalg.eigvalsh(A)[..., -1])
+    S_fro2 = (S.abs() ** 2).sum((-2, -1))
+    got = float(ce.certify_split(F, S_fro2, U, beta)[0])
+    G = F - (U * beta[:, None, :]) @ U.conj().transpose(-1, -2)
+    top = float(torch.linalg.eigvalsh((G + G.conj().transpose(-1, -2)) / 2)[0, -1])
+    g = rounding.gamma(2 * C + 4)
+    want = top + g * float(S_fro2[0]) + g * float((beta * U.abs().square().sum(-2)).sum())
+    assert got >= want * (1 - 1e-15)
+
+
+def test_symbol_error_enters_the_level(monkeypatch):
+    """The level d covers l~ + 2 e_S (s + e_S) + e_S^2 at every hot frequency (l~ replaced by 0 here): the symbol's
+    rounding is not dropped."""
+    rng = np.random.default_rng(6)
+    L = layer(rng, 2, 2, 3, "floor", shift=1.0)
+    p = params(*L)
+    sn = sp.SymbolNorm(p)
+    monkeypatch.setattr(ce, "certify_split", lambda F, *a, **k: torch.zeros(F.shape[0], dtype=torch.float64))
+    ck, _, _, s_up, err_c, _ = ce.symbol_bounds(p, 4, 4, sn)
+    level = 1e-30
+    env = ce.channel_envelope(p, 4, 4, sn, level)
+    eS = sn.matrix_error(ck) + err_c
+    assert env.level >= float((2 * eS * (s_up + eS) + eS * eS).max())
+
+
+def test_bound_holds_on_a_poor_basis(monkeypatch):
+    """Theorem D5 is sound for any vectors: with random ones in place of the Ritz vectors, m22 >= lambda_max(R_F on
+    span(Q)^perp) (R_F built here) and sqrt(tau) >= the dense SVD's norm."""
+    rng = np.random.default_rng(8)
+    L = layer(rng, 2, 2, 3, "floor", shift=1.0)
+    H = W = 4
+    T = dense_T(*L, H, W)
+    CbE = circulant_embedding(*L, H, W)
+    n = T.shape[0]
+    Q = np.linalg.qr(rng.standard_normal((n, 6)))[0]
+    monkeypatch.setattr(rd, "ritz_vectors", lambda *a, **k: (torch.ones(6, dtype=torch.float64), torch.tensor(Q)))
+    p = params(*L)
+    apply_err, B = operator_margins(p, H, W)
+    rb = rd.ritz_bound(p, H, W, sp.SymbolNorm(p), apply_err=apply_err, t_up=B, K=6)
+    Pm = np.eye(n) - Q @ Q.T
+    assert rb.m22 >= np.linalg.eigvalsh(Pm @ CbE.T @ CbE @ Pm)[-1] * (1 - 1e-12)
+    assert math.sqrt(rb.tau) >= np.linalg.norm(T, 2)
