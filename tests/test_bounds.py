@@ -879,7 +879,7 @@ def test_probabilistic_bound_meets_its_target_gap():
     target_gap of the lower bound."""
     layer = random_layer(31, 2, 3, 2)
     r = ssog_lipschitz(layer, 8, 8, resolution_free=False, exact_max=0, gram_max=0, majorant=False, deflated=False,
-                           dense_gram=False,
+                       ritz=False, dense_gram=False,
                        target_gap=1e-3, max_steps=256, seed=4)
     assert r.gap > 1e-3  # the deterministic bound alone does not meet the target here
     assert r.gap_probabilistic <= 1e-3 and r.info["lanczos"]["steps"] >= 20

@@ -144,7 +144,7 @@ def test_default_call_runs_it_where_a_gap_is_left_and_skips_it_where_not():
     tight = ssog_lipschitz(mod, 5, 4, exact_max=1, gram_max=1, probabilistic=False)
     assert tight.best_method == "deflated" and "dense_gram" not in tight.seconds
     off = ssog_lipschitz(mod, 5, 4, exact_max=1, gram_max=1, deflated=False, majorant=False, dense_gram=False,
-                         probabilistic=False)
+                         ritz=False, probabilistic=False)
     assert "dense_gram" not in off.seconds and off.upper > r.upper
 
 

@@ -332,7 +332,7 @@ def exact(run: _Run) -> Stage:
 # cannot beat them); names are the keys of SSoGBound.method, seconds and best_method.
 METHODS: dict[str, Callable[[_Run], Stage | None]] = {
     "closed_form": closed_form, "resolution_free": resolution_free, "circulant": circulant, "gram": gram,
-    "deflated": deflated, "ritz": ritz, "dense_gram": dense_gram, "majorant": majorant, "exact": exact}
+    "deflated": deflated, "dense_gram": dense_gram, "ritz": ritz, "majorant": majorant, "exact": exact}
 
 
 # --------------------------------------------------------------------------------------------------
