@@ -200,13 +200,20 @@ def _real_gram(M: torch.Tensor):
     # and underflow: <= 8 (m + 2) eta per entry; || |M|^T |M| ||_F <= ||M||_F^2
     eG = gamma(m + 4, u) * F2 + 8 * (m + 2) * n * tiny_subnormal(torch.float64)
     if G.is_complex():
-        E = G.new_empty(*G.shape[:-2], 2 * n, 2 * n, dtype=G.real.dtype)
-        E[..., :n, :n] = G.real
-        E[..., n:, n:] = G.real
-        E[..., n:, :n] = G.imag
-        torch.neg(G.imag, out=E[..., :n, n:])
-        G = E
+        G = hermitian_as_real(G)
     return G, G.shape[-1], eG, F2
+
+
+def hermitian_as_real(G: torch.Tensor) -> torch.Tensor:
+    """[[A, -B], [B, A]] for Hermitian G = A + iB (..., n, n): real symmetric with G's eigenvalues, each twice (so one
+    is positive definite iff the other is); exact (copies and negations)."""
+    n = G.shape[-1]
+    E = G.new_empty(*G.shape[:-2], 2 * n, 2 * n, dtype=G.real.dtype)
+    E[..., :n, :n] = G.real
+    E[..., n:, n:] = G.real
+    E[..., n:, :n] = G.imag
+    torch.neg(G.imag, out=E[..., :n, n:])
+    return E
 
 
 def norm2_upper(M: torch.Tensor, *, s: torch.Tensor | None = None, tries: int = 8) -> torch.Tensor:

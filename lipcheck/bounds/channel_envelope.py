@@ -43,12 +43,6 @@ class ChannelEnvelope:
     frequencies: int
 
 
-def hermitian_as_real(G: torch.Tensor) -> torch.Tensor:
-    """[[Re G, -Im G], [Im G, Re G]] for Hermitian G (..., C, C): real symmetric with G's eigenvalues, each twice."""
-    A, B = G.real, G.imag
-    return torch.cat([torch.cat([A, -B], -1), torch.cat([B, A], -1)], -2)
-
-
 def split_frequency(S: torch.Tensor, level: float):
     """Guides for one batch of stored symbols S (b, C, C): F = fl(S S^*), its eigenpairs above `level` (u_j, beta_j =
     lambda_j - level). Nothing here is certified; `certify_split` makes the split a proof."""
@@ -66,7 +60,8 @@ def certify_split(F: torch.Tensor, S_fro2: torch.Tensor, U: torch.Tensor, beta: 
     fl(S S^*) errs entrywise by <= gamma_{2C+4} (|S| |S|^*) (complex inner products of length C), in norm by
     <= gamma_{2C+4} ||S||_F^2; fl(U diag(beta) U^*) by <= gamma_{2C+4} sum_j beta_j ||u_j||^2; the difference and the
     Hermitian parts (of fl(S S^*) and of the difference) add 3u (||G^||_F + ||S||_F^2 + sum_j beta_j ||u_j||^2)
-    (||S S^*||_F <= trace = ||S||_F^2). The stored matrix's lambda_max is Cholesky-checked
+    (||S S^*||_F <= trace = ||S||_F^2); underflow adds 8 (C + 2) eta per entry of each
+    product. The stored matrix's lambda_max is Cholesky-checked
     (rounding.verified_lambda_max on its real form, from `guess` where given: the split puts the top at the level)."""
     C = F.shape[-1]
     u = rounding.unit_roundoff(torch.float64)
@@ -76,10 +71,12 @@ def certify_split(F: torch.Tensor, S_fro2: torch.Tensor, U: torch.Tensor, beta: 
     G = F - D
     G = (G + G.conj().transpose(-1, -2)) / 2
     with sp.single_thread():
-        lam = rounding.verified_lambda_max(hermitian_as_real(G), tries=20, lam=guess)
+        lam = rounding.verified_lambda_max(rounding.hermitian_as_real(G), tries=20, lam=guess)
     fro_g = rounding.sum_of_squares(G).sqrt() * (1 + rounding.gamma(2 * C * C + 4))
     beta_u = (beta * U.abs().square().sum(-2)).sum(-1) * (1 + rounding.gamma(2 * C + 4))
-    err = g * S_fro2 + g * beta_u + 3 * u * (fro_g + S_fro2 + beta_u)
+    # underflow in the two products: <= 8 (C + 2) eta per entry each, as in rounding.norm2_upper's Gram matrix
+    err = g * S_fro2 + g * beta_u + 3 * u * (fro_g + S_fro2 + beta_u) \
+        + 16 * (C + 2) * C * rounding.tiny_subnormal(torch.float64)
     return (lam + err) * (1 + 4 * u)
 
 

@@ -28,6 +28,7 @@ from . import spectral as sp
 from .approx import _Approx, _deflect, _mm, _Normed, _sym, _up
 from .channel_envelope import channel_envelope, check_work, symbol_bounds
 from .deflation import certify_d4, orthonormality_defect
+from .gram_lowrank import _level_plus_norm2
 
 # the split level of the envelope as a share of the top Ritz value (a tuning choice; any level is sound): m22 lands
 # near max(level, lambda_max(R_F on U^perp)), and Theorem D4 needs it clearly below ||T||^2
@@ -163,7 +164,6 @@ def ritz_bound(q: sp.SSoGParams, H: int, W: int, sn: sp.SymbolNorm, *, apply_err
             level = LEVEL_SHARE * float(theta[0])
             env = channel_envelope(q, H, W, sn, level, max_rows=max(2, int(MEMORY / (8 * n * 2))),
                                    max_work=max_work)
-        from .gram_lowrank import _level_plus_norm2
         m22 = _level_plus_norm2(env.level, _deflect(_Normed(Q, eta, bound=1.0), env.At)) if env.rows else _up(env.level)
         tries.append(dict(K=k, m22=m22, theta1=float(theta[0]), seconds=time.perf_counter() - t0))
         if K is not None or m22 <= M22_SHARE * float(theta[0]) or 2 * k > min(K_MAX, n - 1, k_mem):
